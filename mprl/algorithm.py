@@ -1,0 +1,120 @@
+"""What a plugin registers: :class:`Algorithm`."""
+
+from __future__ import annotations
+
+import pickle
+import sys
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import gymnasium as gym
+
+from mprl.errors import PluginError
+from mprl.schema import Schema
+
+if TYPE_CHECKING:
+    import torch
+
+    from mprl.context import Context
+
+ModelFactory = Callable[[gym.Space, gym.Space, Any], "torch.nn.Module"]
+OptimizerFactory = Callable[[Iterable["torch.nn.Parameter"], Any], "torch.optim.Optimizer"]
+ProcessFunction = Callable[["Context"], None]
+
+
+def check_importable(fn: Callable[..., Any], what: str) -> None:
+    """Spawned children receive functions by reference (module + name): refuse any other kind."""
+    if not callable(fn):
+        raise PluginError(f"{what} must be a function, got {fn!r}")
+    module = getattr(fn, "__module__", None)
+    qualname = getattr(fn, "__qualname__", "")
+    if module is None or "<lambda>" in qualname or "<locals>" in qualname:
+        raise PluginError(
+            f"{what} {qualname or fn!r} cannot be sent to spawned processes: define it with "
+            "`def` at the top level of an importable module (no lambda, no nested function)"
+        )
+    if module == "__main__":
+        return  # spawn re-imports the main script as __mp_main__, which is fine
+    obj: Any = sys.modules.get(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part, None)
+    if obj is not fn:
+        raise PluginError(
+            f"{what} {module}.{qualname} is not reachable by that name in its module; spawned "
+            "processes import functions by reference, so define it at the top level"
+        )
+
+
+def _check_config_cls(cls: Any) -> None:
+    if not (isinstance(cls, type) and attrs.has(cls)):
+        raise PluginError(
+            f"config_cls {cls!r} must be an attrs class (decorate it with @attrs.frozen) so that "
+            "the CLI can validate --set values against its fields"
+        )
+    try:
+        default = cls()
+    except TypeError as exc:
+        raise PluginError(
+            f"config class {cls.__qualname__} needs a default for every field: {exc}"
+        ) from None
+    try:
+        pickle.loads(pickle.dumps(default))
+    except Exception as exc:  # noqa: BLE001 - any pickling failure means the same thing
+        raise PluginError(
+            f"config class {cls.__qualname__} must be picklable to reach spawned processes "
+            f"(define it at module top level): {exc}"
+        ) from None
+
+
+def _validate(instance: Algorithm, attribute: attrs.Attribute, value: Any) -> None:
+    where = f"algorithm {instance.name!r}: {attribute.name}"
+    if attribute.name == "name":
+        if not (isinstance(value, str) and value.replace("_", "").replace("-", "").isalnum()):
+            raise PluginError(f"algorithm name {value!r} must be letters, digits, '-' or '_'")
+    elif attribute.name == "config_cls":
+        try:
+            _check_config_cls(value)
+        except PluginError as exc:
+            raise PluginError(f"{where}: {exc}") from None
+    elif attribute.name in ("worker", "train", "make_model", "make_optimizer"):
+        if value is not None or attribute.name in ("worker", "make_model"):
+            check_importable(value, where)
+    elif attribute.name == "schema":
+        if not isinstance(value, Schema):
+            raise PluginError(f"{where} must be an mprl.schema.Schema, got {value!r}")
+
+
+@attrs.frozen
+class Algorithm:
+    """An algorithm a plugin provides, registered through ``mprl_register_algorithms``.
+
+    :param name: what users pass to ``--plugin`` / ``mprl.run(plugin=...)``.
+    :param config_cls: an attrs class, every field with a default that works; per-field help goes in
+        ``metadata={"help": "..."}``.
+    :param make_model: ``make_model(observation_space, action_space, config) -> nn.Module``, called
+        once in the main process; the model is put in shared memory and reaches every process as
+        ``ctx.model``.
+    :param worker: ``worker(ctx)``, run in each of the ``--workers`` processes.
+    :param train: optional ``train(ctx)``, run in one separate train process.
+    :param make_optimizer: optional ``make_optimizer(parameters, config) -> Optimizer``; its state is
+        put in shared memory (Hogwild) and reaches every process as ``ctx.optimizer``.
+    :param schema: the shared state the processes use, built by the core for each run.
+    :param action_spaces: the gymnasium space types the algorithm supports.
+    :param default_env: the environment used when ``--env`` is not given.
+    :param description: one line shown by ``python -m mprl plugins``.
+    """
+
+    name: str = attrs.field(validator=_validate)
+    config_cls: type = attrs.field(validator=_validate)
+    make_model: ModelFactory = attrs.field(validator=_validate)
+    worker: ProcessFunction = attrs.field(validator=_validate)
+    train: ProcessFunction | None = attrs.field(default=None, validator=_validate)
+    make_optimizer: OptimizerFactory | None = attrs.field(default=None, validator=_validate)
+    schema: Schema = attrs.field(factory=Schema, validator=_validate)
+    action_spaces: tuple[type[gym.Space], ...] = (gym.spaces.Discrete, gym.spaces.Box)
+    default_env: str = "CartPole-v1"
+    description: str = ""
+
+    def supports(self, action_space: gym.Space) -> bool:
+        return isinstance(action_space, self.action_spaces)

@@ -1,0 +1,75 @@
+"""The seam between the run (what to do) and a backend (where processes run).
+
+The runner prepares a :class:`Job` and a :class:`Monitor`; a backend starts the job's processes,
+hands each its :class:`mprl.Context`, feeds the monitor with what they report and stops them.
+Algorithms only ever see the Context, so a new backend (a Ray cluster) needs no plugin changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+import attrs
+
+if TYPE_CHECKING:
+    import torch
+
+    from mprl.algorithm import Algorithm
+    from mprl.runner import RunConfig
+
+
+@attrs.frozen
+class Job:
+    """Everything a backend needs to run one training job."""
+
+    algorithm: Algorithm
+    config: Any
+    run: RunConfig
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer | None
+    blocked_plugins: tuple[str, ...] = ()
+
+
+@attrs.frozen
+class ChildFailure:
+    """A process that ended badly: who it was and why."""
+
+    role: str
+    rank: int
+    exitcode: int | None
+    reason: str
+    traceback: str = ""
+
+    @property
+    def who(self) -> str:
+        return self.role if self.role == "trainer" else f"{self.role} {self.rank}"
+
+
+@attrs.frozen
+class Outcome:
+    """How a job ended: ``stop_reason`` when it was stopped, ``failures`` when something crashed."""
+
+    stop_reason: str
+    failures: Sequence[ChildFailure] = ()
+
+
+class Monitor(Protocol):
+    """The runner's side of a job, called by the backend in the main process."""
+
+    def on_records(self, records: Sequence[Mapping[str, Any]]) -> None:
+        """New metric records from the children."""
+
+    def on_tick(self, env_steps: int, per_worker_steps: Sequence[int]) -> str | None:
+        """Called about every 0.25 s; return a reason to stop the job, or ``None``."""
+
+
+class Backend(Protocol):
+    """Runs a job's processes. Implementations: :class:`mprl.local.LocalBackend`."""
+
+    name: str
+
+    def execute(self, job: Job, monitor: Monitor) -> Outcome:
+        """Start the workers (and train process), supervise them, stop them, and report how the
+        job ended. Must not return while any process it started is alive."""
+        ...

@@ -1,0 +1,26 @@
+"""The core's own plugin: default environment factory and the local process backend.
+
+Registered by :func:`mprl.plugins.get_plugin_manager` like any other plugin, so a third-party
+plugin overrides either hook by returning a result first.
+"""
+
+from __future__ import annotations
+
+import gymnasium as gym
+
+from mprl import hookimpl
+from mprl.backend import Backend
+
+
+@hookimpl(trylast=True)
+def mprl_make_env(env_id: str) -> gym.Env:
+    return gym.make(env_id)
+
+
+@hookimpl(trylast=True)
+def mprl_make_backend(name: str) -> Backend | None:
+    if name == "local":
+        from mprl.local import LocalBackend
+
+        return LocalBackend()
+    return None

@@ -1,0 +1,135 @@
+"""The one object a worker or train function receives."""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import TYPE_CHECKING, Any, Protocol
+
+import attrs
+import numpy as np
+
+if TYPE_CHECKING:
+    import gymnasium as gym
+    import torch
+
+    from mprl.runner import RunConfig
+    from mprl.schema import SharedState
+
+
+class Channel(Protocol):
+    """What a backend provides to the processes it runs (see :mod:`mprl.local`)."""
+
+    def should_stop(self) -> bool: ...
+    def add_steps(self, slot: int, n: int) -> None: ...
+    def env_steps(self) -> int: ...
+    def send(self, record: dict[str, Any]) -> None: ...
+
+
+def derive_seed(*parts: int) -> int:
+    """A well-mixed 31-bit seed from the run seed and a process / environment index."""
+    return int(np.random.SeedSequence(list(parts)).generate_state(1)[0] & 0x7FFFFFFF)
+
+
+@attrs.define(eq=False)
+class Context:
+    """Given to ``worker(ctx)`` and ``train(ctx)``; everything they may use.
+
+    Worker and train functions never touch ``multiprocessing``: they read ``ctx.state`` (the
+    plugin's shared-state schema, built), update ``ctx.model`` / ``ctx.optimizer`` (shared), create
+    environments with :meth:`make_env`, count steps with :meth:`add_steps`, report with
+    :meth:`log_episode` / :meth:`log`, and return when :meth:`should_stop` says so.
+
+    :ivar role: ``"worker"`` or ``"trainer"``.
+    :ivar rank: the worker's rank ``0..n_workers-1``; ``-1`` for the train process.
+    :ivar n_workers: how many workers the run has.
+    :ivar seed: this process's seed, derived from the run seed and the rank (torch, numpy and
+        ``random`` are already seeded with it).
+    :ivar config: the algorithm's config instance.
+    :ivar run: the run's :class:`mprl.RunConfig` (env id, workers, seed, step budget).
+    :ivar state: the shared state built from the algorithm's schema.
+    :ivar model: the shared model (parameters in shared memory).
+    :ivar optimizer: the shared optimizer, when the algorithm declares ``make_optimizer``.
+    """
+
+    role: str
+    rank: int
+    n_workers: int
+    seed: int
+    config: Any
+    run: RunConfig
+    state: SharedState
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer | None
+    channel: Channel
+    blocked_plugins: tuple[str, ...] = ()
+    _plugins: Any = attrs.field(default=None, init=False, repr=False)
+
+    @property
+    def source(self) -> str:
+        return "trainer" if self.role == "trainer" else f"worker:{self.rank}"
+
+    @property
+    def _slot(self) -> int:
+        return self.n_workers if self.rank < 0 else self.rank
+
+    def should_stop(self) -> bool:
+        """True once the run is stopping (solved, budget spent, Ctrl-C, a crash elsewhere).
+
+        Cheap (a shared-memory read, no Manager round trip): call it every step if you like.
+        """
+        return self.channel.should_stop()
+
+    def add_steps(self, n: int) -> None:
+        """Count ``n`` environment steps taken by this process (shared memory, no round trip)."""
+        self.channel.add_steps(self._slot, n)
+
+    @property
+    def env_steps(self) -> int:
+        """Environment steps taken so far by all workers together."""
+        return self.channel.env_steps()
+
+    def log_episode(self, episode_return: float, episode_length: int, **values: float) -> None:
+        """Report a finished episode; the main process tracks returns and checks "solved"."""
+        self.log(episode_return=float(episode_return), episode_length=int(episode_length), **values)
+
+    def log(self, **values: Any) -> None:
+        """Report scalar metrics (losses, entropy, ...) to ``metrics.jsonl`` and the reporters."""
+        record = {"source": self.source, "step": self.channel.env_steps(), "time": time.time()}
+        for key, value in values.items():
+            value = value.item() if hasattr(value, "item") else value
+            if isinstance(value, float) and not math.isfinite(value):
+                value = str(value)  # JSON has no NaN / inf
+            record[key] = value
+        self.channel.send(record)
+
+    def env_seed(self, index: int = 0) -> int:
+        """The seed environment ``index`` of this process is reset with first."""
+        return derive_seed(self.seed, index)
+
+    def make_env(self, index: int = 0) -> gym.Env:
+        """Create environment ``index`` of this process through the ``mprl_make_env`` hook.
+
+        The environment is already seeded: its first ``reset()`` without a seed is deterministic
+        for the run seed, rank and index.
+        """
+        from mprl.envs import make_env
+
+        if self._plugins is None:
+            from mprl.plugins import get_plugin_manager
+
+            self._plugins = get_plugin_manager(blocked=self.blocked_plugins)
+        seed = self.env_seed(index)
+        env = make_env(self._plugins, self.run.env, seed=seed, rank=self.rank, index=index)
+        env.reset(seed=seed)
+        env.action_space.seed(seed)
+        return env
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = {f.name: getattr(self, f.name) for f in attrs.fields(type(self))}
+        state["_plugins"] = None  # a plugin manager is rebuilt in each process
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for key, value in state.items():
+            object.__setattr__(self, key, value)

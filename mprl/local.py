@@ -1,0 +1,260 @@
+"""The local backend: spawned processes on this machine, supervised from the main process.
+
+The classic hand-written main, made robust: ``spawn`` context (the user's global start method is
+left alone), a Manager for the plugin's control state, workers started one after another with an
+optional sleep, one optional train process, then supervision through process sentinels, so a
+crashed child stops the run instead of hanging ``join()``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing as mp
+import os
+import queue
+import random
+import signal
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from multiprocessing.connection import wait
+from multiprocessing.managers import SyncManager
+from typing import Any
+
+import attrs
+import numpy as np
+import torch
+
+from mprl.backend import ChildFailure, Job, Monitor, Outcome
+from mprl.context import Context, derive_seed
+
+#: Seconds children get to return after the stop flag is set, before SIGTERM, then SIGKILL.
+STOP_GRACE_S = 5.0
+KILL_GRACE_S = 2.0
+TICK_S = 0.25
+_STOP, _FAILED = 0, 1  # indices into the control tensor
+
+
+@attrs.define(eq=False)
+class LocalChannel:
+    """Shared-memory control block and a metrics queue; nothing here talks to the Manager."""
+
+    control: torch.Tensor  # int64 [stop flag, failed flag]
+    steps: torch.Tensor  # int64, one slot per worker + one for the train process
+    records: Any  # multiprocessing.Queue of dict records
+
+    def should_stop(self) -> bool:
+        return bool(self.control[_STOP])
+
+    def add_steps(self, slot: int, n: int) -> None:
+        self.steps[slot] += n  # each process owns its slot: no lock needed
+
+    def env_steps(self) -> int:
+        return int(self.steps.sum())
+
+    def send(self, record: dict[str, Any]) -> None:
+        self.records.put(record)
+
+
+def _ignore_sigint() -> None:
+    # Ctrl-C reaches the whole process group; only the main process decides what it means.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _child_main(fn: Callable[[Context], None], ctx: Context, threads: int) -> None:
+    """Entry point of every spawned child: seed, limit threads, run, report a crash."""
+    _ignore_sigint()
+    torch.set_num_threads(threads)
+    random.seed(ctx.seed)
+    np.random.seed(ctx.seed)
+    torch.manual_seed(ctx.seed)
+    try:
+        fn(ctx)
+    except BaseException:
+        tb = traceback.format_exc()
+        ctx.channel.records.put({"_error": tb, "source": ctx.source})
+        ctx.channel.records.close()
+        ctx.channel.records.join_thread()  # the traceback must reach the main process
+        sys.exit(1)
+
+
+def _describe_exit(code: int | None) -> str:
+    if code is None:
+        return "did not exit"
+    if code < 0:
+        try:
+            return f"killed by signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+@contextlib.contextmanager
+def _child_environment(threads: int) -> Iterator[None]:
+    """Environment variables spawned children start with (restored afterwards)."""
+    saved = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    for key in saved:
+        os.environ.setdefault(key, str(threads))
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def threads_per_child(n_children: int) -> int:
+    return max(1, (os.cpu_count() or 1) // n_children)
+
+
+@attrs.define(eq=False)
+class _Child:
+    role: str
+    rank: int
+    process: Any
+    done: bool = False
+
+
+class LocalBackend:
+    """Runs a job in spawned processes on this machine."""
+
+    name = "local"
+
+    def execute(self, job: Job, monitor: Monitor) -> Outcome:
+        ctx = mp.get_context("spawn")
+        n = job.run.workers
+        has_trainer = job.algorithm.train is not None
+        threads = job.run.torch_threads or threads_per_child(n + int(has_trainer))
+        manager: SyncManager | None = None
+        records = ctx.Queue()
+        children: list[_Child] = []
+        try:
+            if job.algorithm.schema.needs_manager():
+                manager = SyncManager(ctx=ctx)
+                manager.start(initializer=_ignore_sigint)
+            state = job.algorithm.schema.build(manager, n)
+            channel = LocalChannel(
+                control=torch.zeros(2, dtype=torch.int64).share_memory_(),
+                steps=torch.zeros(n + 1, dtype=torch.int64).share_memory_(),
+                records=records,
+            )
+            roles = [("worker", r) for r in range(n)] + ([("trainer", -1)] if has_trainer else [])
+            with _child_environment(threads):
+                for i, (role, rank) in enumerate(roles):
+                    fn = job.algorithm.worker if role == "worker" else job.algorithm.train
+                    context = Context(
+                        role=role,
+                        rank=rank,
+                        n_workers=n,
+                        seed=derive_seed(job.run.seed, rank + 1),
+                        config=job.config,
+                        run=job.run,
+                        state=state,
+                        model=job.model,
+                        optimizer=job.optimizer,
+                        channel=channel,
+                        blocked_plugins=job.blocked_plugins,
+                    )
+                    name = f"mprl-{role}" + (f"-{rank}" if rank >= 0 else "")
+                    proc = ctx.Process(
+                        target=_child_main, args=(fn, context, threads), name=name, daemon=True
+                    )
+                    proc.start()
+                    children.append(_Child(role, rank, proc))
+                    if role == "worker" and job.run.start_interval and i < n - 1:
+                        time.sleep(job.run.start_interval)
+            reason, failures = self._supervise(children, channel, monitor)
+            channel.control[_STOP] = 1
+            failures += self._stop(children, channel, monitor)
+            return Outcome(stop_reason=reason, failures=failures)
+        finally:
+            for child in children:  # only reached with live children on an unexpected error
+                if child.process.is_alive():
+                    child.process.kill()
+                child.process.join()
+            records.close()
+            records.join_thread()
+            if manager is not None:
+                manager.shutdown()
+
+    def _supervise(
+        self, children: list[_Child], channel: LocalChannel, monitor: Monitor
+    ) -> tuple[str, list[ChildFailure]]:
+        errors: dict[str, str] = {}
+        while True:
+            self._drain(channel, monitor, errors)
+            failures = []
+            for child in children:
+                code = child.process.exitcode
+                if code is None or child.done:
+                    continue
+                child.done = True
+                if code != 0:
+                    self._drain(channel, monitor, errors)
+                    tb = errors.get(_source(child), "")
+                    failures.append(
+                        ChildFailure(child.role, child.rank, code, _describe_exit(code), tb)
+                    )
+            if failures:
+                return "failed", failures
+            workers = [c for c in children if c.role == "worker"]
+            if all(c.done for c in workers):
+                return "workers finished", []
+            if any(c.done for c in children if c.role == "trainer"):
+                return "trainer finished", []
+            per_worker = channel.steps.tolist()
+            reason = monitor.on_tick(sum(per_worker), per_worker)
+            if reason:
+                return reason, []
+            wait([c.process.sentinel for c in children if not c.done], timeout=TICK_S)
+
+    def _stop(
+        self, children: list[_Child], channel: LocalChannel, monitor: Monitor
+    ) -> list[ChildFailure]:
+        """Stop flag (already set), a bounded wait, SIGTERM, a short wait, SIGKILL.
+
+        Records keep being drained meanwhile, so a child blocked on a full queue can finish.
+        """
+        errors: dict[str, str] = {}
+        for grace, escalate in ((STOP_GRACE_S, "terminate"), (KILL_GRACE_S, "kill")):
+            deadline = time.monotonic() + grace
+            while (alive := [c for c in children if c.process.is_alive()]) and (
+                time.monotonic() < deadline
+            ):
+                self._drain(channel, monitor, errors)
+                wait([c.process.sentinel for c in alive], timeout=0.1)
+            for child in alive:
+                getattr(child.process, escalate)()
+        failures = []
+        for child in children:
+            child.process.join()
+            self._drain(channel, monitor, errors)
+            code = child.process.exitcode
+            if not child.done and code != 0 and _source(child) in errors:
+                # a crash while stopping still deserves its traceback
+                tb = errors[_source(child)]
+                failures.append(ChildFailure(child.role, child.rank, code, _describe_exit(code), tb))
+            child.done = True
+        return failures
+
+    @staticmethod
+    def _drain(channel: LocalChannel, monitor: Monitor, errors: dict[str, str]) -> None:
+        batch = []
+        while True:
+            try:
+                record = channel.records.get_nowait()
+            except queue.Empty:
+                break
+            if "_error" in record:
+                errors[record["source"]] = record["_error"]
+            else:
+                batch.append(record)
+        if batch:
+            monitor.on_records(batch)
+
+
+def _source(child: _Child) -> str:
+    return "trainer" if child.role == "trainer" else f"worker:{child.rank}"

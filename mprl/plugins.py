@@ -1,0 +1,231 @@
+"""Finding plugins: entry points in the ``mprl`` group, built-ins, block list and tracing.
+
+:func:`get_plugin_manager` is a factory, not a global: each call gives a fresh manager, so tests
+build one with ``autoload=False`` and register plugin objects inline.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import os
+import sys
+from collections.abc import Iterable
+from typing import Any
+
+import attrs
+import pluggy
+
+from mprl import NAME, __version__, hookspecs
+from mprl.algorithm import Algorithm
+from mprl.errors import PluginError
+
+#: Comma-separated plugin names not to load (like ``-p no:NAME``).
+BLOCK_ENV = "MPRL_BLOCK_PLUGINS"
+#: Set to 1 to load no entry-point plugins at all.
+NO_AUTOLOAD_ENV = "MPRL_DISABLE_PLUGIN_AUTOLOAD"
+#: Set to 1 to print every hook call and its result.
+TRACE_ENV = "MPRL_TRACE"
+
+BUILTIN_PLUGINS = ("mprl.builtin",)
+
+
+@attrs.frozen
+class FailedPlugin:
+    """An entry point whose import failed; the other plugins stay usable."""
+
+    name: str
+    value: str
+    distribution: str
+    version: str
+    error: str
+
+    def message(self) -> str:
+        return (
+            f"plugin {self.name!r} (entry point {self.name} = {self.value} in distribution "
+            f"{self.distribution} {self.version}) failed to import: {self.error}"
+        )
+
+
+@attrs.frozen
+class PluginInfo:
+    """What ``python -m mprl plugins`` shows for one plugin."""
+
+    name: str
+    distribution: str
+    version: str
+    algorithms: tuple[str, ...]
+    hooks: tuple[str, ...]
+
+
+class PluginManager(pluggy.PluginManager):
+    """pluggy's manager plus what mprl needs to know: failed imports, distributions, algorithms."""
+
+    def __init__(self) -> None:
+        super().__init__(NAME)
+        self.add_hookspecs(hookspecs)
+        self.failed: list[FailedPlugin] = []
+        self.distributions: dict[str, tuple[str, str]] = {}
+        self._algorithms: dict[str, tuple[str, Algorithm]] | None = None
+        self._blocked: list[str] = []
+
+    # -- loading ---------------------------------------------------------------------------
+
+    def load_entry_points(self) -> None:
+        """Register every ``mprl`` entry point; an import failure is recorded, not raised."""
+        for ep in md.entry_points(group=NAME):
+            if self.is_blocked(ep.name) or self.has_plugin(ep.name):
+                continue
+            dist = ep.dist.name if ep.dist else "?"
+            version = ep.dist.version if ep.dist else "?"
+            try:
+                plugin = ep.load()
+            except Exception as exc:  # noqa: BLE001 - a broken plugin must not take others down
+                err = f"{type(exc).__name__}: {exc}"
+                self.failed.append(FailedPlugin(ep.name, ep.value, dist, version, err))
+                continue
+            self.register(plugin, name=ep.name)
+            self.distributions[ep.name] = (dist, version)
+        self._algorithms = None
+
+    def set_blocked(self, name: str) -> None:
+        super().set_blocked(name)
+        self._blocked.append(name)
+
+    def blocked_names(self) -> list[str]:
+        """Names blocked in this manager; spawned children block the same ones."""
+        return list(self._blocked)
+
+    def register(self, plugin: object, name: str | None = None) -> str | None:
+        self._algorithms = None
+        try:
+            return super().register(plugin, name=name)
+        except pluggy.PluginValidationError as exc:
+            raise PluginError(f"plugin {name or plugin!r}: {exc}") from None
+
+    def unregister(self, plugin: object | None = None, name: str | None = None) -> Any:
+        self._algorithms = None
+        return super().unregister(plugin=plugin, name=name)
+
+    def check(self) -> None:
+        """Fail loudly on a hook implementation that matches no spec (a misspelt hook)."""
+        try:
+            self.check_pending()
+        except pluggy.PluginValidationError as exc:
+            raise PluginError(
+                f"plugin {self.get_name(exc.plugin)!r}: {exc}; hooks are named "
+                f"{', '.join(sorted(n for n in dir(hookspecs) if n.startswith('mprl_')))}"
+            ) from None
+
+    # -- algorithms ------------------------------------------------------------------------
+
+    def call_one(self, hook: str, plugin: object, **kwargs: Any) -> Any:
+        """Call ``hook`` on ``plugin`` alone (through pluggy, so tracing still sees it)."""
+        others = [i.plugin for i in getattr(self.hook, hook).get_hookimpls() if i.plugin is not plugin]
+        return self.subset_hook_caller(hook, remove_plugins=others)(**kwargs)
+
+    def call_each(self, hook: str, **kwargs: Any) -> list[tuple[str, Any]]:
+        """Call ``hook`` on each plugin separately, in pluggy's order, with the plugin's name.
+
+        Lets the core name the plugin behind a bad result, which one combined call cannot.
+        """
+        impls = getattr(self.hook, hook).get_hookimpls()
+        # pluggy calls the last registered first
+        return [(i.plugin_name, self.call_one(hook, i.plugin, **kwargs)) for i in reversed(impls)]
+
+    def algorithms(self) -> dict[str, tuple[str, Algorithm]]:
+        """``{algorithm name: (plugin name, Algorithm)}`` from every plugin's registration hook."""
+        if self._algorithms is not None:
+            return self._algorithms
+        found: dict[str, tuple[str, Algorithm]] = {}
+        for impl in reversed(self.hook.mprl_register_algorithms.get_hookimpls()):
+            plugin_name = impl.plugin_name
+
+            def register(algo: Any, _plugin: str = plugin_name) -> None:
+                if not isinstance(algo, Algorithm):
+                    raise PluginError(
+                        f"plugin {_plugin!r}: mprl_register_algorithms called register() with "
+                        f"{type(algo).__name__} {algo!r}; expected an mprl.Algorithm"
+                    )
+                if algo.name in found:
+                    raise PluginError(
+                        f"algorithm {algo.name!r} is registered by two plugins: "
+                        f"{found[algo.name][0]!r} and {_plugin!r}; block one with "
+                        f"-p no:NAME or {BLOCK_ENV}=NAME"
+                    )
+                found[algo.name] = (_plugin, algo)
+
+            try:
+                self.call_one("mprl_register_algorithms", impl.plugin, register=register)
+            except PluginError:
+                raise
+            except Exception as exc:
+                raise PluginError(
+                    f"plugin {plugin_name!r}: mprl_register_algorithms raised "
+                    f"{type(exc).__name__}: {exc}"
+                ) from exc
+        self._algorithms = found
+        return found
+
+    def algorithm(self, name: str) -> tuple[str, Algorithm]:
+        """``(plugin name, Algorithm)`` for ``name``; unknown names list what is installed."""
+        algos = self.algorithms()
+        if name in algos:
+            return algos[name]
+        installed = ", ".join(sorted(algos)) or "none"
+        msg = f"unknown plugin/algorithm {name!r}; installed: {installed}"
+        for failed in self.failed:
+            if failed.name == name:
+                msg = failed.message()
+        if self.is_blocked(name):
+            msg = f"plugin {name!r} is blocked (-p no:{name} or {BLOCK_ENV}); installed: {installed}"
+        raise PluginError(msg)
+
+    def distribution_of(self, plugin_name: str) -> tuple[str, str]:
+        if plugin_name in self.distributions:
+            return self.distributions[plugin_name]
+        if plugin_name in BUILTIN_PLUGINS:
+            return ("mprl", __version__)
+        return ("(registered in code)", "-")
+
+    def info(self) -> list[PluginInfo]:
+        by_plugin: dict[str, list[str]] = {}
+        for algo_name, (plugin_name, _) in self.algorithms().items():
+            by_plugin.setdefault(plugin_name, []).append(algo_name)
+        rows = []
+        for name, plugin in sorted(self.list_name_plugin()):
+            hooks = tuple(sorted(c.name for c in self.get_hookcallers(plugin) or ()))
+            dist, version = self.distribution_of(name)
+            rows.append(PluginInfo(name, dist, version, tuple(sorted(by_plugin.get(name, ()))), hooks))
+        return rows
+
+
+def blocked_from_env() -> tuple[str, ...]:
+    return tuple(n.strip() for n in os.environ.get(BLOCK_ENV, "").split(",") if n.strip())
+
+
+def get_plugin_manager(
+    *, autoload: bool | None = None, blocked: Iterable[str] = (), builtins: bool = True
+) -> PluginManager:
+    """A fresh plugin manager: hook specs, built-ins, then the ``mprl`` entry points.
+
+    :param autoload: load entry-point plugins; default: yes unless ``MPRL_DISABLE_PLUGIN_AUTOLOAD``
+        is set.
+    :param blocked: plugin names never to register (added to ``MPRL_BLOCK_PLUGINS``).
+    :param builtins: register the core's built-in plugin (default env factory, local backend).
+    """
+    pm = PluginManager()
+    for name in (*blocked, *blocked_from_env()):
+        pm.set_blocked(name)
+    if builtins:
+        from mprl import builtin
+
+        pm.register(builtin, name="mprl.builtin")
+    if autoload is None:
+        autoload = os.environ.get(NO_AUTOLOAD_ENV, "") in ("", "0")
+    if autoload:
+        pm.load_entry_points()
+    pm.check()
+    if os.environ.get(TRACE_ENV, "") not in ("", "0"):
+        pm.trace.root.setwriter(lambda s: sys.stderr.write(f"[mprl trace] {s}"))
+        pm.enable_tracing()
+    return pm

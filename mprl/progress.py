@@ -1,0 +1,93 @@
+"""Progress while training: a live panel on a terminal, plain periodic lines otherwise."""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from typing import Any, TextIO
+
+from mprl.stats import Snapshot
+
+PLAIN_EVERY_S = 5.0
+
+
+def _fmt(x: float, digits: int = 1) -> str:
+    return "-" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:.{digits}f}"
+
+
+def summary_line(s: Snapshot) -> str:
+    budget = f"/{s.total_steps:,}" if s.total_steps else ""
+    return (
+        f"[{s.wall_s:7.1f}s] steps {s.env_steps:,}{budget}  {s.steps_per_s:,.0f} steps/s  "
+        f"episodes {s.episodes:,}  mean return(100) {_fmt(s.mean_return_100)}  "
+        f"best {_fmt(s.best_return)}"
+    )
+
+
+class Progress:
+    """``mode``: ``"auto"`` (live on a TTY, else plain), ``"live"``, ``"plain"`` or ``"none"``."""
+
+    def __init__(self, mode: str = "auto", stream: TextIO | None = None) -> None:
+        self.stream = stream or sys.stderr
+        if mode == "auto":
+            mode = "live" if self.stream.isatty() else "plain"
+        self.mode = mode
+        self._live: Any = None
+        self._last_plain = -math.inf
+        self.title = ""
+
+    def start(self, title: str) -> None:
+        self.title = title
+        if self.mode == "none":
+            return
+        if self.mode == "live":
+            from rich.console import Console
+            from rich.live import Live
+
+            self._live = Live(console=Console(file=self.stream), refresh_per_second=4, transient=False)
+            self._live.start()
+        else:
+            print(title, file=self.stream, flush=True)
+
+    def update(self, s: Snapshot) -> None:
+        if self.mode == "live" and self._live is not None:
+            self._live.update(self._render(s))
+        elif self.mode == "plain" and time.monotonic() - self._last_plain >= PLAIN_EVERY_S:
+            self._last_plain = time.monotonic()
+            print(summary_line(s), file=self.stream, flush=True)
+
+    def _render(self, s: Snapshot) -> Any:
+        from rich.table import Table
+
+        table = Table(title=self.title, show_header=True, expand=False)
+        table.add_column("elapsed")
+        table.add_column("env steps", justify="right")
+        table.add_column("steps/s", justify="right")
+        table.add_column("episodes", justify="right")
+        table.add_column("mean return (100)", justify="right")
+        table.add_column("best", justify="right")
+        steps = f"{s.env_steps:,}" + (f" / {s.total_steps:,}" if s.total_steps else "")
+        table.add_row(
+            f"{s.wall_s:.0f}s",
+            steps,
+            f"{s.steps_per_s:,.0f}",
+            f"{s.episodes:,}",
+            _fmt(s.mean_return_100),
+            _fmt(s.best_return),
+        )
+        if s.last_values:
+            extras = "  ".join(
+                f"{k}={v:.4g}" for k, v in sorted(s.last_values.items()) if k != "episode_length"
+            )
+            table.caption = extras
+        return table
+
+    def stop(self, s: Snapshot | None = None) -> None:
+        if self._live is not None:
+            if s is not None:
+                self._live.update(self._render(s))
+            self._live.stop()
+            self._live = None
+        elif self.mode == "plain" and s is not None:
+            print(summary_line(s), file=self.stream, flush=True)

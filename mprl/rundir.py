@@ -1,0 +1,88 @@
+"""The run directory: resolved config, metrics, checkpoints and the summary, all on disk."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mprl.errors import UsageError
+
+
+def atomic_write(path: Path, write: Any) -> None:
+    """Write through a temp file in the same directory, fsync, then ``os.replace``.
+
+    A reader (or a crash mid-write) sees the old file or the new one, never half of one.
+    """
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _json_bytes(data: Mapping[str, Any]) -> bytes:
+    return (json.dumps(data, indent=2, sort_keys=True, default=str) + "\n").encode()
+
+
+class RunDir:
+    """``config.json``, ``metrics.jsonl``, ``checkpoints/last.pt`` and ``summary.json``."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.checkpoints = self.path / "checkpoints"
+        self._metrics: Any = None
+
+    @classmethod
+    def create(cls, path: str | Path | None, plugin: str, env: str) -> RunDir:
+        """Create a new run directory; an existing non-empty one is refused (nothing is lost)."""
+        if path is None:
+            stamp = time.strftime("%Y%m%d-%H%M%S")
+            path = Path("runs") / f"{plugin}-{env.replace('/', '_')}-{stamp}-{os.getpid()}"
+        p = Path(path)
+        if p.exists() and (not p.is_dir() or any(p.iterdir())):
+            raise UsageError(
+                f"run directory {str(p)!r} already exists and is not empty; choose another "
+                "--run-dir or remove it"
+            )
+        try:
+            p.mkdir(parents=True, exist_ok=True)
+            (p / "checkpoints").mkdir(exist_ok=True)
+        except OSError as exc:
+            raise UsageError(f"cannot create run directory {str(p)!r}: {exc}") from None
+        return cls(p)
+
+    def write_json(self, name: str, data: Mapping[str, Any]) -> Path:
+        target = self.path / name
+        atomic_write(target, lambda f: f.write(_json_bytes(data)))
+        return target
+
+    def append_metrics(self, records: Iterable[Mapping[str, Any]]) -> None:
+        if self._metrics is None:
+            self._metrics = (self.path / "metrics.jsonl").open("a", encoding="utf-8")
+        for record in records:
+            self._metrics.write(json.dumps(record, default=str) + "\n")
+        self._metrics.flush()
+
+    def save_checkpoint(self, payload: Mapping[str, Any], name: str = "last.pt") -> Path:
+        target = self.checkpoints / name
+        atomic_write(target, lambda f: torch.save(dict(payload), f))
+        return target
+
+    def close(self) -> None:
+        if self._metrics is not None:
+            self._metrics.close()
+            self._metrics = None

@@ -1,0 +1,403 @@
+"""One training run, from checked input to ``summary.json``: the public :func:`run`."""
+
+from __future__ import annotations
+
+import math
+import multiprocessing as mp
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import attrs
+import torch
+from attrs import validators as v
+
+from mprl import __version__
+from mprl.algorithm import Algorithm
+from mprl.backend import ChildFailure, Job
+from mprl.config import as_dict, build
+from mprl.envs import make_env
+from mprl.errors import PluginError, RunFailed, UsageError
+from mprl.plugins import PluginManager, get_plugin_manager
+from mprl.progress import Progress
+from mprl.rundir import RunDir
+from mprl.stats import RunStats
+
+METRICS_EVERY_S = 5.0  # how often the main process writes its own progress record
+
+
+def _positive_or_none(instance: Any, attribute: attrs.Attribute, value: int | None) -> None:
+    if value is not None and value < 1:
+        raise ValueError(f"'{attribute.name}' must be >= 1 or unset (no limit): {value}")
+
+
+@attrs.frozen
+class RunConfig:
+    """Options of a run that are not the algorithm's: what ``--env``, ``--workers`` ... set."""
+
+    env: str = attrs.field(
+        default="", metadata={"help": "gymnasium env id (default: the algorithm's default env)"}
+    )
+    workers: int = attrs.field(
+        factory=lambda: os.cpu_count() or 1,
+        validator=v.ge(1),
+        metadata={"help": "number of worker processes (default: number of cores)"},
+    )
+    seed: int = attrs.field(default=0, validator=v.ge(0), metadata={"help": "run seed"})
+    total_steps: int | None = attrs.field(
+        default=None,
+        validator=_positive_or_none,
+        metadata={"help": "stop after this many env steps (default: when solved)"},
+    )
+    start_interval: float = attrs.field(
+        default=0.0, validator=v.ge(0), metadata={"help": "seconds to sleep between worker starts"}
+    )
+    torch_threads: int = attrs.field(
+        default=0, validator=v.ge(0), metadata={"help": "torch threads per child (0: cores / children)"}
+    )
+    backend: str = attrs.field(default="local", metadata={"help": "where processes run"})
+
+
+@attrs.frozen
+class RunInfo:
+    """What a run is, as hooks see it."""
+
+    plugin: str
+    plugin_version: str
+    algorithm: str
+    config: Any
+    run: RunConfig
+    run_dir: Path
+    reward_threshold: float | None
+
+
+@attrs.frozen
+class Summary:
+    """How a run ended; also written as ``summary.json``."""
+
+    status: str  # "finished", "failed" or "interrupted"
+    stop_reason: str
+    solved: bool
+    env_steps: int
+    episodes: int
+    wall_s: float
+    mean_return_100: float | None
+    best_return: float | None
+    run_dir: Path
+    plugin: str
+    algorithm: str
+    env: str
+    failures: tuple[ChildFailure, ...] = ()
+    signal: int | None = None
+
+    @property
+    def exit_code(self) -> int:
+        """0 finished, 1 failed, 128 + signal number when stopped by a signal."""
+        if self.status == "failed":
+            return 1
+        if self.signal is not None:
+            return 128 + self.signal
+        return 0
+
+    def to_dict(self) -> dict[str, Any]:
+        out = attrs.asdict(self, recurse=True)
+        out["run_dir"] = str(self.run_dir)
+        out["exit_code"] = self.exit_code
+        return out
+
+
+def _finite(x: float) -> float | None:
+    return x if math.isfinite(x) else None
+
+
+def share_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
+    """Put an optimizer's state (Adam moments, step counts) in shared memory, in place.
+
+    Optimizers create their state lazily on the first step; that state must exist before the
+    children are spawned, so it is materialised with a zero-lr step on zero gradients and then
+    reset to zero, which is the initial state of Adam, RMSprop and SGD's momentum alike.
+    """
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    if any(not optimizer.state.get(p) for p in params):
+        grads = [p.grad for p in params]
+        lrs = [group.get("lr") for group in optimizer.param_groups]
+        for p in params:
+            p.grad = torch.zeros_like(p)
+        for group in optimizer.param_groups:
+            if "lr" in group:
+                group["lr"] = 0.0
+        with torch.no_grad():
+            optimizer.step()
+        for p, g in zip(params, grads, strict=True):
+            p.grad = g
+        for group, lr in zip(optimizer.param_groups, lrs, strict=True):
+            if lr is not None:
+                group["lr"] = lr
+        for state in optimizer.state.values():
+            for value in state.values():
+                if isinstance(value, torch.Tensor):
+                    value.zero_()
+    for state in optimizer.state.values():
+        for value in state.values():
+            if isinstance(value, torch.Tensor):
+                value.share_memory_()
+
+
+class _Signals:
+    """First SIGINT / SIGTERM asks for a clean stop; a second SIGINT forces a fast exit."""
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+
+    def handle(self, signum: int, frame: Any) -> None:
+        if self.received is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.received = signum
+
+    @contextmanager
+    def installed(self) -> Iterator[_Signals]:
+        if threading.current_thread() is not threading.main_thread():
+            yield self
+            return
+        old = {s: signal.signal(s, self.handle) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield self
+        finally:
+            for s, h in old.items():
+                signal.signal(s, h)
+
+
+class _RunMonitor:
+    """The runner's side of the backend seam: stats, metrics file, reporters, progress, stop."""
+
+    def __init__(
+        self, info: RunInfo, rundir: RunDir, pm: PluginManager, progress: Progress, signals: _Signals
+    ) -> None:
+        self.info = info
+        self.rundir = rundir
+        self.pm = pm
+        self.progress = progress
+        self.signals = signals
+        self.stats = RunStats(info.reward_threshold, info.run.total_steps)
+        self._wall0 = time.time()
+        self._last_main_record = time.monotonic()
+
+    def on_records(self, records: Sequence[Mapping[str, Any]]) -> None:
+        out = []
+        for record in records:
+            record = dict(record)
+            record["wall"] = round(record.pop("time", time.time()) - self._wall0, 4)
+            self.stats.add(record)
+            out.append(record)
+        self._emit(out)
+
+    def _emit(self, records: list[dict[str, Any]]) -> None:
+        self.rundir.append_metrics(records)
+        self.pm.hook.mprl_report_metrics(run=self.info, records=records)
+
+    def on_tick(self, env_steps: int, per_worker_steps: Sequence[int]) -> str | None:
+        self.stats.set_steps(per_worker_steps)
+        snap = self.stats.snapshot()
+        self.progress.update(snap)
+        if time.monotonic() - self._last_main_record >= METRICS_EVERY_S:
+            self._last_main_record = time.monotonic()
+            self._emit([self._main_record()])
+        if self.signals.received is not None:
+            return signal.Signals(self.signals.received).name
+        if self.stats.solved():
+            return "solved"
+        total = self.info.run.total_steps
+        if total is not None and env_steps >= total:
+            return "total steps reached"
+        return None
+
+    def _main_record(self) -> dict[str, Any]:
+        s = self.stats
+        return {
+            "source": "main",
+            "step": s.env_steps,
+            "wall": round(s.wall_s, 4),
+            "steps_per_s": round(s.steps_per_s, 1),
+            "episodes": s.episodes,
+            "mean_return_100": _finite(s.mean_return_100),
+        }
+
+
+def _check_main_guard() -> None:
+    if mp.parent_process() is not None and getattr(mp.current_process(), "_inheriting", False):
+        raise UsageError(
+            "mprl.run() was called while a spawned child process was importing your script. "
+            "Child processes re-import the main module, so start the run under "
+            "`if __name__ == \"__main__\":` (see the README)"
+        )
+
+
+def _checkpoint(algo: Algorithm, info: RunInfo, job: Job, stats: RunStats) -> dict[str, Any]:
+    return {
+        "format": "mprl-checkpoint-1",
+        "mprl_version": __version__,
+        "plugin": info.plugin,
+        "plugin_version": info.plugin_version,
+        "algorithm": algo.name,
+        "config": as_dict(info.config),
+        "run": as_dict(info.run),
+        "model": job.model.state_dict(),
+        "optimizer": job.optimizer.state_dict() if job.optimizer is not None else None,
+        "env_steps": stats.env_steps,
+        "episodes": stats.episodes,
+        "torch_rng": torch.get_rng_state(),
+    }
+
+
+def prepare(
+    plugin: str,
+    pm: PluginManager,
+    config: Mapping[str, Any] | Any | None,
+    run_options: Mapping[str, Any],
+) -> tuple[str, Algorithm, Any, RunConfig]:
+    """Resolve the plugin, config and run options; raise UsageError on anything wrong."""
+    plugin_name, algo = pm.algorithm(plugin)
+    if config is None or isinstance(config, Mapping):
+        config = build(algo.config_cls, config or {}, source=f"{algo.name} config")
+    elif not isinstance(config, algo.config_cls):
+        raise UsageError(f"config must be a {algo.config_cls.__qualname__} or a mapping")
+    run_cfg = build(
+        RunConfig, {k: v for k, v in run_options.items() if v is not None}, source="run option"
+    )
+    if not run_cfg.env:
+        run_cfg = attrs.evolve(run_cfg, env=algo.default_env)
+    return plugin_name, algo, config, run_cfg
+
+
+def run(
+    plugin: str,
+    *,
+    config: Mapping[str, Any] | Any | None = None,
+    env: str | None = None,
+    workers: int | None = None,
+    seed: int | None = None,
+    total_steps: int | None = None,
+    start_interval: float | None = None,
+    torch_threads: int | None = None,
+    backend: str | None = None,
+    run_dir: str | Path | None = None,
+    progress: str = "auto",
+    plugins: PluginManager | None = None,
+) -> Summary:
+    """Train algorithm ``plugin`` and return how the run ended.
+
+    Everything is checked before any process starts (plugin, config, env id, action space); a
+    problem raises :class:`mprl.errors.UsageError`. A crashed child raises :class:`RunFailed`
+    after every process has stopped. Ctrl-C / SIGTERM stop the run cleanly and return a summary
+    with ``status="interrupted"``.
+    """
+    _check_main_guard()
+    pm = plugins or get_plugin_manager()
+    options = {
+        "env": env,
+        "workers": workers,
+        "seed": seed,
+        "total_steps": total_steps,
+        "start_interval": start_interval,
+        "torch_threads": torch_threads,
+        "backend": backend,
+    }
+    plugin_name, algo, cfg, run_cfg = prepare(plugin, pm, config, options)
+
+    probe = make_env(pm, run_cfg.env)
+    try:
+        obs_space, act_space = probe.observation_space, probe.action_space
+        threshold = probe.spec.reward_threshold if probe.spec is not None else None
+    finally:
+        probe.close()
+    if not algo.supports(act_space):
+        allowed = ", ".join(t.__name__ for t in algo.action_spaces)
+        raise UsageError(
+            f"algorithm {algo.name!r} does not support the action space of {run_cfg.env!r} "
+            f"({type(act_space).__name__}); it supports: {allowed}"
+        )
+    runner = pm.hook.mprl_make_backend(name=run_cfg.backend)
+    if runner is None:
+        raise UsageError(f"no plugin provides backend {run_cfg.backend!r}; built in: local")
+
+    model = algo.make_model(obs_space, act_space, cfg)
+    if not isinstance(model, torch.nn.Module):
+        raise PluginError(
+            f"algorithm {algo.name!r}: make_model returned {type(model).__name__}, "
+            "expected a torch.nn.Module"
+        )
+    model.share_memory()
+    optimizer = None
+    if algo.make_optimizer is not None:
+        optimizer = algo.make_optimizer(model.parameters(), cfg)
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise PluginError(
+                f"algorithm {algo.name!r}: make_optimizer returned {type(optimizer).__name__}, "
+                "expected a torch.optim.Optimizer"
+            )
+        share_optimizer_state(optimizer)
+
+    rundir = RunDir.create(run_dir, algo.name, run_cfg.env)
+    _, plugin_version = pm.distribution_of(plugin_name)
+    info = RunInfo(plugin_name, plugin_version, algo.name, cfg, run_cfg, rundir.path, threshold)
+    rundir.write_json(
+        "config.json",
+        {
+            "plugin": plugin_name,
+            "plugin_version": plugin_version,
+            "algorithm": algo.name,
+            "mprl_version": __version__,
+            "reward_threshold": threshold,
+            "run": as_dict(run_cfg),
+            "config": as_dict(cfg),
+        },
+    )
+    job = Job(algo, cfg, run_cfg, model, optimizer, tuple(pm.blocked_names()))
+    display = Progress(progress)
+    signals = _Signals()
+    monitor = _RunMonitor(info, rundir, pm, display, signals)
+    pm.hook.mprl_run_start(run=info)
+    display.start(f"mprl: {algo.name} on {run_cfg.env}, {run_cfg.workers} workers -> {rundir.path}")
+    try:
+        with signals.installed():
+            outcome = runner.execute(job, monitor)
+    finally:
+        display.stop(monitor.stats.snapshot())
+    stats = monitor.stats
+    rundir.save_checkpoint(_checkpoint(algo, info, job, stats))
+    status = "failed" if outcome.failures else "finished"
+    if signals.received is not None and not outcome.failures:
+        status = "interrupted"
+    summary = Summary(
+        status=status,
+        stop_reason=outcome.stop_reason,
+        solved=stats.solved(),
+        env_steps=stats.env_steps,
+        episodes=stats.episodes,
+        wall_s=round(stats.wall_s, 3),
+        mean_return_100=_finite(stats.mean_return_100),
+        best_return=_finite(stats.best_return),
+        run_dir=rundir.path,
+        plugin=plugin_name,
+        algorithm=algo.name,
+        env=run_cfg.env,
+        failures=tuple(outcome.failures),
+        signal=signals.received,
+    )
+    rundir.write_json("summary.json", summary.to_dict())
+    rundir.close()
+    pm.hook.mprl_run_end(run=info, summary=summary.to_dict())
+    if outcome.failures:
+        for f in outcome.failures:
+            print(f"mprl: {f.who} {f.reason}", file=sys.stderr)
+            if f.traceback:
+                print(f"--- traceback of {f.who} ---\n{f.traceback.rstrip()}", file=sys.stderr)
+        first = outcome.failures[0]
+        raise RunFailed(f"{first.who} {first.reason}; run directory: {rundir.path}", summary)
+    return summary

@@ -1,0 +1,93 @@
+"""What the main process knows about a run's progress, built from the children's records."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import attrs
+
+WINDOW = 100  # episodes in "mean return of the last 100", the usual solved criterion
+
+
+@attrs.frozen
+class Snapshot:
+    """One look at the run, for the progress display and the periodic metrics record."""
+
+    wall_s: float
+    env_steps: int
+    steps_per_s: float
+    episodes: int
+    mean_return_100: float
+    best_return: float
+    per_worker_steps: tuple[int, ...]
+    total_steps: int | None
+    last_values: Mapping[str, Any]
+
+
+class RunStats:
+    """Episode returns, counters and rates, updated from records in the main process."""
+
+    def __init__(self, threshold: float | None, total_steps: int | None) -> None:
+        self.threshold = threshold
+        self.total_steps = total_steps
+        self.start = time.monotonic()
+        self.env_steps = 0
+        self.per_worker: tuple[int, ...] = ()
+        self.episodes = 0
+        self.returns: deque[float] = deque(maxlen=WINDOW)
+        self.best_return = -math.inf
+        self.last_values: dict[str, Any] = {}  # latest scalar per name, e.g. loss
+        self._rate_mark = (self.start, 0)
+        self.steps_per_s = 0.0
+
+    @property
+    def wall_s(self) -> float:
+        return time.monotonic() - self.start
+
+    @property
+    def mean_return_100(self) -> float:
+        return sum(self.returns) / len(self.returns) if self.returns else math.nan
+
+    def add(self, record: Mapping[str, Any]) -> None:
+        if "episode_return" in record:
+            ret = float(record["episode_return"])
+            self.episodes += 1
+            self.returns.append(ret)
+            self.best_return = max(self.best_return, ret)
+        for key, value in record.items():
+            if key not in ("source", "step", "time", "wall") and isinstance(value, int | float):
+                self.last_values[key] = value
+
+    def set_steps(self, per_worker: Sequence[int]) -> None:
+        self.per_worker = tuple(per_worker)
+        self.env_steps = sum(per_worker)
+        now = time.monotonic()
+        t0, s0 = self._rate_mark
+        if now - t0 >= 1.0:  # a rate over at least a second is readable
+            self.steps_per_s = (self.env_steps - s0) / (now - t0)
+            self._rate_mark = (now, self.env_steps)
+
+    def solved(self) -> bool:
+        """The mean return of the last 100 episodes reached the env's reward threshold."""
+        return (
+            self.threshold is not None
+            and len(self.returns) == WINDOW
+            and self.mean_return_100 >= self.threshold
+        )
+
+    def snapshot(self) -> Snapshot:
+        return Snapshot(
+            wall_s=self.wall_s,
+            env_steps=self.env_steps,
+            steps_per_s=self.steps_per_s,
+            episodes=self.episodes,
+            mean_return_100=self.mean_return_100,
+            best_return=self.best_return,
+            per_worker_steps=self.per_worker,
+            total_steps=self.total_steps,
+            last_values=dict(self.last_values),
+        )

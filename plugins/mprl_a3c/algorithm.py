@@ -1,0 +1,158 @@
+"""A3C: config, model and optimizer factories, and the worker loop."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable
+
+import attrs
+import gymnasium as gym
+import numpy as np
+import torch
+from attrs import validators as v
+from torch import nn
+
+import mprl
+from mprl_a3c.model import ActorCritic
+
+LOG_EVERY = 50  # updates between loss records: reporting must not cost more than learning
+
+
+def _help(text: str) -> dict[str, str]:
+    return {"help": text}
+
+
+@attrs.frozen
+class A3CConfig:
+    """A3C hyperparameters; the defaults solve CartPole-v1 on two cores."""
+
+    envs_per_worker: int = attrs.field(
+        default=8, validator=v.ge(1), metadata=_help("environments each worker steps together")
+    )
+    n_steps: int = attrs.field(
+        default=8, validator=v.ge(1), metadata=_help("steps per environment between updates")
+    )
+    gamma: float = attrs.field(
+        default=0.99, validator=[v.gt(0.0), v.le(1.0)], metadata=_help("discount factor")
+    )
+    lr: float = attrs.field(default=1e-3, validator=v.gt(0.0), metadata=_help("Adam learning rate"))
+    entropy_coef: float = attrs.field(
+        default=0.01, validator=v.ge(0.0), metadata=_help("weight of the entropy bonus")
+    )
+    value_coef: float = attrs.field(
+        default=0.5, validator=v.ge(0.0), metadata=_help("weight of the value loss")
+    )
+    max_grad_norm: float = attrs.field(
+        default=0.5, validator=v.gt(0.0), metadata=_help("gradient norm clip per update")
+    )
+    normalize_advantages: bool = attrs.field(
+        default=True, metadata=_help("normalise advantages within each update")
+    )
+    hidden: tuple[int, ...] = attrs.field(
+        default=(64, 64),
+        converter=tuple,
+        validator=v.deep_iterable(v.and_(v.instance_of(int), v.gt(0))),
+        metadata=_help("hidden layer sizes of the policy and value networks"),
+    )
+
+
+def make_model(obs_space: gym.Space, act_space: gym.Space, config: A3CConfig) -> nn.Module:
+    return ActorCritic(obs_space, act_space, config.hidden)
+
+
+def make_optimizer(params: Iterable[nn.Parameter], config: A3CConfig) -> torch.optim.Optimizer:
+    return torch.optim.Adam(params, lr=config.lr, eps=1e-5)
+
+
+def _n_step_returns(
+    rewards: torch.Tensor, dones: torch.Tensor, last_value: torch.Tensor, gamma: float
+) -> torch.Tensor:
+    """Discounted returns over a (T, E) rollout, bootstrapped from ``last_value``."""
+    returns = torch.empty_like(rewards)
+    running = last_value
+    for t in range(rewards.shape[0] - 1, -1, -1):
+        running = rewards[t] + gamma * running * (1.0 - dones[t])
+        returns[t] = running
+    return returns
+
+
+def worker(ctx: mprl.Context) -> None:
+    """Collect n-step rollouts and apply Hogwild updates until the run stops."""
+    cfg: A3CConfig = ctx.config
+    shared: ActorCritic = ctx.model  # type: ignore[assignment]
+    optimizer = ctx.optimizer
+    assert optimizer is not None
+    local = copy.deepcopy(shared)
+    shared_params = list(shared.parameters())
+    envs = [ctx.make_env(i) for i in range(cfg.envs_per_worker)]
+    n_envs, horizon = len(envs), cfg.n_steps
+    obs = torch.as_tensor(np.stack([env.reset()[0] for env in envs]), dtype=torch.float32)
+    ep_return = np.zeros(n_envs)
+    ep_length = np.zeros(n_envs, dtype=np.int64)
+    obs_buf = torch.empty((horizon, n_envs, *obs.shape[1:]), dtype=torch.float32)
+    rew_buf = torch.empty((horizon, n_envs))
+    done_buf = torch.empty((horizon, n_envs))
+    act_buf: torch.Tensor | None = None
+    updates = 0
+
+    while not ctx.should_stop():
+        local.load_state_dict(shared.state_dict())
+        for t in range(horizon):
+            with torch.no_grad():
+                out, _ = local(obs)
+                actions = local.sample(out)
+            if act_buf is None:
+                act_buf = torch.empty((horizon, *actions.shape), dtype=actions.dtype)
+            obs_buf[t] = obs
+            act_buf[t] = actions
+            env_actions = local.to_env(actions)
+            next_obs = []
+            for i, env in enumerate(envs):
+                o, r, terminated, truncated, _ = env.step(env_actions[i])
+                ep_return[i] += r
+                ep_length[i] += 1
+                if truncated and not terminated:
+                    # time limit, not failure: the value of where we stopped still counts
+                    with torch.no_grad():
+                        final_v = local.v(torch.as_tensor(o, dtype=torch.float32)).item()
+                    r = r + cfg.gamma * final_v
+                if terminated or truncated:
+                    ctx.log_episode(ep_return[i], ep_length[i])
+                    ep_return[i], ep_length[i] = 0.0, 0
+                    o, _ = env.reset()
+                rew_buf[t, i] = float(r)
+                done_buf[t, i] = float(terminated or truncated)
+                next_obs.append(o)
+            obs = torch.as_tensor(np.stack(next_obs), dtype=torch.float32)
+        ctx.add_steps(horizon * n_envs)
+
+        with torch.no_grad():
+            last_value = local.v(obs).squeeze(-1)
+        returns = _n_step_returns(rew_buf, done_buf, last_value, cfg.gamma).flatten()
+        out, values = local(obs_buf.flatten(0, 1))
+        assert act_buf is not None
+        logp, entropy = local.log_prob_entropy(out, act_buf.flatten(0, 1))
+        advantages = (returns - values).detach()
+        if cfg.normalize_advantages and advantages.numel() > 1:
+            advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+        policy_loss = -(logp * advantages).mean()
+        value_loss = 0.5 * (returns - values).pow(2).mean()
+        entropy_mean = entropy.mean()
+        loss = policy_loss + cfg.value_coef * value_loss - cfg.entropy_coef * entropy_mean
+
+        local.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = nn.utils.clip_grad_norm_(local.parameters(), cfg.max_grad_norm)
+        for shared_p, local_p in zip(shared_params, local.parameters(), strict=True):
+            shared_p.grad = local_p.grad  # Hogwild: this process's gradient, shared weights
+        optimizer.step()
+        updates += 1
+        if updates % LOG_EVERY == 0:
+            ctx.log(
+                policy_loss=policy_loss.item(),
+                value_loss=value_loss.item(),
+                entropy=entropy_mean.item(),
+                grad_norm=float(grad_norm),
+            )
+    for env in envs:
+        env.close()

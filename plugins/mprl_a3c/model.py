@@ -1,0 +1,68 @@
+"""Actor-critic networks for Discrete (categorical) and Box (diagonal Gaussian) action spaces."""
+
+from __future__ import annotations
+
+import math
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+
+
+def mlp(n_in: int, hidden: tuple[int, ...], n_out: int, out_gain: float) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for h in hidden:
+        linear = nn.Linear(n_in, h)
+        nn.init.orthogonal_(linear.weight, math.sqrt(2))
+        nn.init.zeros_(linear.bias)
+        layers += [linear, nn.Tanh()]
+        n_in = h
+    head = nn.Linear(n_in, n_out)
+    nn.init.orthogonal_(head.weight, out_gain)
+    nn.init.zeros_(head.bias)
+    layers.append(head)
+    return nn.Sequential(*layers)
+
+
+class ActorCritic(nn.Module):
+    """Separate policy and value networks; ``dist_params`` gives logits or (mean, log_std)."""
+
+    def __init__(self, obs_space: gym.Space, act_space: gym.Space, hidden: tuple[int, ...]) -> None:
+        super().__init__()
+        n_obs = int(np.prod(obs_space.shape))
+        self.discrete = isinstance(act_space, gym.spaces.Discrete)
+        n_act = int(act_space.n) if self.discrete else int(np.prod(act_space.shape))
+        self.pi = mlp(n_obs, hidden, n_act, 0.01)
+        self.v = mlp(n_obs, hidden, 1, 1.0)
+        if not self.discrete:
+            self.log_std = nn.Parameter(torch.zeros(n_act))
+            self.register_buffer("low", torch.as_tensor(act_space.low, dtype=torch.float32))
+            self.register_buffer("high", torch.as_tensor(act_space.high, dtype=torch.float32))
+
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.pi(obs), self.v(obs).squeeze(-1)
+
+    def sample(self, out: torch.Tensor) -> torch.Tensor:
+        if self.discrete:
+            return torch.multinomial(torch.softmax(out, -1), 1).squeeze(-1)
+        return out + self.log_std.exp() * torch.randn_like(out)
+
+    def log_prob_entropy(
+        self, out: torch.Tensor, actions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.discrete:
+            logp = torch.log_softmax(out, -1)
+            chosen = logp.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
+            return chosen, -(logp.exp() * logp).sum(-1)
+        log_std = self.log_std.expand_as(out)
+        z = (actions - out) / log_std.exp()
+        logp = (-0.5 * z.pow(2) - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
+        entropy = (log_std + 0.5 * math.log(2 * math.pi * math.e)).sum(-1)
+        return logp, entropy
+
+    def to_env(self, actions: torch.Tensor) -> np.ndarray:
+        """Actions as the env takes them (Box actions clipped to the bounds)."""
+        if self.discrete:
+            return actions.numpy()
+        return torch.max(torch.min(actions, self.high), self.low).numpy()
