@@ -326,7 +326,9 @@ def run(
     if runner is None:
         raise UsageError(f"no plugin provides backend {run_cfg.backend!r}; built in: local")
 
-    model = algo.make_model(obs_space, act_space, cfg)
+    with torch.random.fork_rng(devices=[]):  # initial weights follow the run seed only
+        torch.manual_seed(run_cfg.seed)
+        model = algo.make_model(obs_space, act_space, cfg)
     if not isinstance(model, torch.nn.Module):
         raise PluginError(
             f"algorithm {algo.name!r}: make_model returned {type(model).__name__}, "

@@ -1,0 +1,192 @@
+"""``python -m mprl``: run, plugins.
+
+Exit codes: 0 finished, 1 the run failed (a process crashed), 2 bad usage or config (nothing was
+started), 130 / 143 stopped by SIGINT / SIGTERM after a clean shutdown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+
+from mprl import __version__
+from mprl.config import describe_fields, load_toml, parse_assignments
+from mprl.errors import RunFailed, UsageError
+from mprl.plugins import PluginManager, get_plugin_manager
+
+EXIT_FAILED, EXIT_USAGE = 1, 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # argparse exits 2 too; keep its message short
+        self.print_usage(sys.stderr)
+        raise UsageError(message)
+
+
+def _blocked(values: Sequence[str]) -> list[str]:
+    out = []
+    for value in values:
+        if not value.startswith("no:"):
+            raise UsageError(f"-p {value!r}: only -p no:NAME (block plugin NAME) is supported")
+        out.append(value[3:])
+    return out
+
+
+def _parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "-p", dest="plugin_options", action="append", default=[], metavar="no:NAME",
+        help="block plugin NAME (repeatable); MPRL_BLOCK_PLUGINS=a,b does the same",
+    )  # fmt: skip
+    parser = _Parser(prog="python -m mprl", description="Multi-process reinforcement learning.")
+    parser.add_argument("--version", action="version", version=f"mprl {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    run = sub.add_parser(
+        "run", parents=[common], add_help=False, help="train an algorithm",
+        description="Train an algorithm until the env is solved or --total-steps is reached.",
+    )  # fmt: skip
+    run.add_argument("-h", "--help", action="store_true", help="show this help (with --plugin: its config)")
+    run.add_argument("--plugin", help="algorithm to run (see `python -m mprl plugins`)")
+    run.add_argument("--env", help="gymnasium env id (default: the algorithm's, CartPole-v1)")
+    run.add_argument("--workers", type=int, help="worker processes (default: number of cores)")
+    run.add_argument("--seed", type=int, help="run seed (default 0)")
+    run.add_argument("--total-steps", type=float, help="stop after N env steps (default: when solved)")
+    run.add_argument("--run-dir", help="run directory (default: runs/PLUGIN-ENV-TIME-PID)")
+    run.add_argument("--config", metavar="FILE.toml", help="algorithm config; a [run] table sets run options")
+    run.add_argument(
+        "--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE",
+        help="set an algorithm config field (repeatable), e.g. --set lr=0.0005",
+    )  # fmt: skip
+    run.add_argument("--start-interval", type=float, help="seconds between worker starts (default 0)")
+    run.add_argument("--backend", help="execution backend (default: local)")
+    run.add_argument("--quiet", "-q", action="store_true", help="no progress display")
+
+    plugins = sub.add_parser("plugins", parents=[common], help="list installed plugins")
+    plugins.add_argument("--json", action="store_true", help="machine-readable output")
+    return parser
+
+
+def _plugin_help(pm: PluginManager, name: str) -> str:
+    plugin_name, algo = pm.algorithm(name)
+    dist, version = pm.distribution_of(plugin_name)
+    lines = [
+        "",
+        f"algorithm {algo.name!r} from plugin {plugin_name} ({dist} {version}): {algo.description}",
+        f"default env: {algo.default_env}; action spaces: "
+        + ", ".join(t.__name__ for t in algo.action_spaces),
+        "config fields (set with --set KEY=VALUE or in --config FILE.toml):",
+    ]
+    rows = describe_fields(algo.config_cls)
+    width = max((len(f"{n} ({t})") for n, t, _, _ in rows), default=0)
+    for field_name, type_name, default, text in rows:
+        head = f"{field_name} ({type_name})".ljust(width)
+        lines.append(f"  {head}  default {default}. {text}")
+    return "\n".join(lines)
+
+
+def _cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from mprl.runner import run
+
+    pm = get_plugin_manager(blocked=_blocked(args.plugin_options))
+    run_parser = parser._subparsers._group_actions[0].choices["run"]  # type: ignore[union-attr]
+    if args.help:
+        text = run_parser.format_help()
+        if args.plugin:
+            text += _plugin_help(pm, args.plugin)
+        else:
+            text += "\nGive --plugin NAME with --help to list that algorithm's config fields."
+        print(text)
+        return 0
+    if not args.plugin:
+        installed = ", ".join(sorted(pm.algorithms())) or "none"
+        raise UsageError(f"run needs --plugin NAME; installed: {installed}")
+    config: dict[str, Any] = {}
+    options: dict[str, Any] = {}
+    if args.config:
+        data = load_toml(args.config)
+        run_table = data.pop("run", {})
+        if not isinstance(run_table, dict):
+            raise UsageError(f"config file {args.config!r}: [run] must be a table")
+        options.update(run_table)
+        config.update(data)
+    config.update(parse_assignments(args.assignments))
+    for key in ("env", "workers", "seed", "total_steps", "start_interval", "backend"):
+        value = getattr(args, key)
+        if value is not None:
+            options[key] = value
+    if options.get("total_steps") is not None and float(options["total_steps"]).is_integer():
+        options["total_steps"] = int(options["total_steps"])
+    try:
+        summary = run(
+            args.plugin,
+            config=config,
+            run_dir=args.run_dir,
+            progress="none" if args.quiet else "auto",
+            plugins=pm,
+            **_run_options(options, args.config),
+        )
+    except RunFailed as exc:
+        print(f"mprl: run failed: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    s = summary
+    mean = "-" if s.mean_return_100 is None else f"{s.mean_return_100:.1f}"
+    verdict = "solved" if s.solved else s.stop_reason
+    print(
+        f"mprl: {s.status} ({verdict}) after {s.wall_s:.1f} s: {s.env_steps:,} env steps, "
+        f"{s.episodes:,} episodes, mean return(100) {mean}; run directory: {s.run_dir}"
+    )
+    return s.exit_code
+
+
+def _run_options(options: dict[str, Any], source: str | None) -> dict[str, Any]:
+    """Run options from the [run] table and flags, checked against RunConfig's fields."""
+    from mprl.config import build
+    from mprl.runner import RunConfig
+
+    where = f"config file {source!r} [run]" if source else "run option"
+    checked = build(RunConfig, options, source=where)
+    return {k: getattr(checked, k) for k in options}
+
+
+def _cmd_plugins(args: argparse.Namespace) -> int:
+    pm = get_plugin_manager(blocked=_blocked(args.plugin_options))
+    infos = pm.info()
+    if args.json:
+        data = {
+            "plugins": [attrs.asdict(i) for i in infos],
+            "failed": [attrs.asdict(f) for f in pm.failed],
+            "blocked": pm.blocked_names(),
+        }
+        print(json.dumps(data, indent=2))
+        return 0
+    for info in infos:
+        algos = ", ".join(info.algorithms) or "-"
+        print(f"{info.name}  ({info.distribution} {info.version})")
+        print(f"    algorithms: {algos}")
+        print(f"    hooks:      {', '.join(info.hooks)}")
+    for failed in pm.failed:
+        print(f"FAILED {failed.message()}")
+    for name in pm.blocked_names():
+        print(f"blocked: {name}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    try:
+        args = parser.parse_args(argv)
+        if args.command == "run":
+            return _cmd_run(args, parser)
+        return _cmd_plugins(args)
+    except UsageError as exc:
+        print(f"mprl: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("mprl: interrupted", file=sys.stderr)
+        return 130

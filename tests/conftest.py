@@ -1,0 +1,137 @@
+"""Shared fixtures: fresh plugin managers, a test plugin installed as a real distribution, and a
+check that no process or shared-memory segment outlives a test."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from mprl.plugins import PluginManager, get_plugin_manager
+
+HERE = Path(__file__).parent
+REPO = HERE.parent
+
+
+def write_distribution(root: Path, dist: str, entry_points: dict[str, str], modules: dict[str, str]) -> None:
+    """Install a distribution into ``root`` the way pip lays it out: modules + ``.dist-info``."""
+    for name, source in modules.items():
+        (root / f"{name}.py").write_text(source)
+    info = root / f"{dist.replace('-', '_')}-0.1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1.0\n")
+    lines = ["[mprl]"] + [f"{k} = {v}" for k, v in entry_points.items()]
+    (info / "entry_points.txt").write_text("\n".join(lines) + "\n")
+
+
+@pytest.fixture(scope="session")
+def plugin_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A site directory holding two installed distributions: the test plugin and a broken one."""
+    root = tmp_path_factory.mktemp("site")
+    source = (HERE / "plugins" / "mprl_testplugin.py").read_text()
+    write_distribution(root, "mprl-testplugin", {"testplugin": "mprl_testplugin"}, {"mprl_testplugin": source})
+    write_distribution(
+        root,
+        "mprl-brokenplugin",
+        {"broken": "mprl_brokenplugin"},
+        {"mprl_brokenplugin": "raise ImportError('needs the frobnicator package')\n"},
+    )
+    return root
+
+
+@pytest.fixture
+def installed(plugin_site: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Make the test distributions visible to this process and to every child it starts."""
+    monkeypatch.syspath_prepend(str(plugin_site))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(plugin_site), os.environ.get("PYTHONPATH", "")]))
+    return plugin_site
+
+
+@pytest.fixture
+def pm() -> PluginManager:
+    """A fresh plugin manager with built-ins only: register test plugins inline."""
+    return get_plugin_manager(autoload=False)
+
+
+def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m mprl ARGS`` like a user would."""
+    return subprocess.run(
+        [sys.executable, "-m", "mprl", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+        cwd=cwd,
+    )
+
+
+def child_pids(pid: int) -> list[int]:
+    """Live descendants of ``pid`` (read from /proc, zombies excluded)."""
+    by_parent: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if fields[0] == "Z":
+            continue
+        by_parent.setdefault(int(fields[1]), []).append(int(entry.name))
+    out, todo = [], [pid]
+    while todo:
+        for child in by_parent.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def _non_tracker(pids: list[int]) -> list[int]:
+    # multiprocessing's resource tracker lives as long as the interpreter (here: pytest)
+    return [p for p in pids if "resource_tracker" not in _cmdline(p)]
+
+
+def shm_entries() -> set[str]:
+    shm = Path("/dev/shm")
+    return {p.name for p in shm.iterdir()} if shm.exists() else set()
+
+
+@pytest.fixture(autouse=True)
+def no_leftovers() -> Iterator[None]:
+    """Every test must leave no child process and no new shared-memory segment behind."""
+    before = shm_entries()
+    yield
+    deadline = time.monotonic() + 5
+    while (kids := _non_tracker(child_pids(os.getpid()))) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    new_shm = shm_entries() - before
+    assert not kids, f"processes left behind: {[(k, _cmdline(k)) for k in kids]}"
+    assert not new_shm, f"shared memory left behind: {sorted(new_shm)}"
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path) -> Path:
+    return tmp_path / "run"
+
+
+@pytest.fixture(scope="session")
+def repo() -> Path:
+    return REPO
+
+
+def rmtree(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)

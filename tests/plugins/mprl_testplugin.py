@@ -1,0 +1,134 @@
+"""A plugin used by the test suite, installed as its own distribution (see conftest.py).
+
+Its algorithms exercise the core: ``probe`` uses every part of the Context, ``crash`` fails on
+purpose. Its env ``Corridor-v0`` only exists through this plugin's ``mprl_make_env`` hook, so a
+worker that creates it proves entry-point plugins load inside spawned children.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import attrs
+import gymnasium as gym
+import numpy as np
+import torch
+
+import mprl
+from mprl import schema
+
+
+class Corridor(gym.Env):
+    """Walk right to the end of a corridor: reward 1 per step, 10 steps long."""
+
+    metadata: dict = {"render_modes": []}
+
+    def __init__(self, length: int = 10) -> None:
+        self.observation_space = gym.spaces.Box(0.0, 1.0, (1,), dtype=np.float32)
+        self.action_space = gym.spaces.Discrete(2)
+        self.length = length
+        self.pos = 0
+
+    def reset(self, *, seed=None, options=None):  # noqa: ANN001, ANN201
+        super().reset(seed=seed)
+        self.pos = 0
+        return np.zeros(1, dtype=np.float32), {}
+
+    def step(self, action):  # noqa: ANN001, ANN201
+        self.pos += 1
+        obs = np.array([self.pos / self.length], dtype=np.float32)
+        return obs, 1.0, self.pos >= self.length, False, {}
+
+
+class Switches(Corridor):
+    """Same corridor, but a MultiBinary action space no built-in algorithm supports."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.action_space = gym.spaces.MultiBinary(3)
+
+
+@attrs.frozen
+class ProbeConfig:
+    crash_at_step: int = attrs.field(default=-1, metadata={"help": "raise at this step (-1: never)"})
+    exit_code: int = attrs.field(default=0, metadata={"help": "os._exit with this code at crash_at_step"})
+    step_sleep: float = attrs.field(default=0.0, metadata={"help": "seconds to sleep per step"})
+
+
+def make_model(obs_space, act_space, config):  # noqa: ANN001, ANN201
+    return torch.nn.Linear(int(np.prod(obs_space.shape)), 2)
+
+
+def make_optimizer(params, config):  # noqa: ANN001, ANN201
+    return torch.optim.SGD(params, lr=0.1)
+
+
+SCHEMA = schema.Schema(
+    visits=schema.PerWorker(0),
+    envs=schema.PerWorker(""),
+    lock=schema.Lock(),
+    seen=schema.Tensor(shape=("workers",)),
+)
+
+
+def probe_worker(ctx: mprl.Context) -> None:
+    env = ctx.make_env(0)
+    with ctx.state.lock:
+        ctx.state.envs[ctx.rank] = type(env.unwrapped).__name__
+    obs, _ = env.reset()
+    ret, length, steps = 0.0, 0, 0
+    while not ctx.should_stop():
+        if steps == ctx.config.crash_at_step:
+            if ctx.config.exit_code:
+                os._exit(ctx.config.exit_code)
+            raise RuntimeError(f"injected failure in worker {ctx.rank} at step {steps}")
+        obs, r, term, trunc, _ = env.step(env.action_space.sample())
+        ret, length, steps = ret + r, length + 1, steps + 1
+        ctx.add_steps(1)
+        ctx.state.seen[ctx.rank] += 1
+        # one gradient step on the shared model, so tests can see it change
+        loss = ctx.model(torch.as_tensor(obs, dtype=torch.float32)).sum()
+        ctx.optimizer.zero_grad()
+        loss.backward()
+        ctx.optimizer.step()
+        if term or trunc:
+            ctx.log_episode(ret, length)
+            ctx.state.visits[ctx.rank] += 1
+            ctx.log(env=type(env.unwrapped).__name__, rank=ctx.rank, pid=os.getpid())
+            obs, _ = env.reset()
+            ret, length = 0.0, 0
+        if ctx.config.step_sleep:
+            time.sleep(ctx.config.step_sleep)
+
+
+def probe_train(ctx: mprl.Context) -> None:
+    while not ctx.should_stop():
+        time.sleep(0.05)
+    ctx.log(trainer_saw_visits=sum(ctx.state.visits), trainer_seen=float(ctx.state.seen.sum()))
+
+
+@mprl.hookimpl
+def mprl_register_algorithms(register):  # noqa: ANN001, ANN201
+    register(
+        mprl.Algorithm(
+            name="probe",
+            config_cls=ProbeConfig,
+            make_model=make_model,
+            make_optimizer=make_optimizer,
+            worker=probe_worker,
+            train=probe_train,
+            schema=SCHEMA,
+            default_env="Corridor-v0",
+            description="test plugin: exercises the Context",
+        )
+    )
+
+
+@mprl.hookimpl
+def mprl_make_env(env_id):  # noqa: ANN001, ANN201
+    if env_id == "Corridor-v0":
+        return gym.wrappers.TimeLimit(Corridor(), 50)
+    if env_id == "Switches-v0":
+        return Switches()
+    return None

@@ -1,0 +1,239 @@
+"""The plugin manager and hooks, in isolation: fresh managers, plugins registered inline."""
+
+from __future__ import annotations
+
+import attrs
+import gymnasium as gym
+import pytest
+import torch
+
+import mprl
+from mprl.envs import make_env
+from mprl.errors import PluginError, UsageError
+from mprl.plugins import get_plugin_manager
+from tests.plugins.mprl_testplugin import Corridor
+
+
+@attrs.frozen
+class TinyConfig:
+    size: int = 3
+
+
+def tiny_model(obs_space, act_space, config):  # noqa: ANN001, ANN201
+    return torch.nn.Linear(4, config.size)
+
+
+def tiny_worker(ctx):  # noqa: ANN001, ANN201
+    pass
+
+
+def algorithm(name: str = "tiny") -> mprl.Algorithm:
+    return mprl.Algorithm(name=name, config_cls=TinyConfig, make_model=tiny_model, worker=tiny_worker)
+
+
+class Registers:
+    def __init__(self, *algos: mprl.Algorithm) -> None:
+        self.algos = algos
+
+    @mprl.hookimpl
+    def mprl_register_algorithms(self, register):  # noqa: ANN001, ANN201
+        for algo in self.algos:
+            register(algo)
+
+
+def test_inline_plugin_registers_an_algorithm(pm):
+    pm.register(Registers(algorithm("tiny")), name="mine")
+    plugin_name, algo = pm.algorithm("tiny")
+    assert plugin_name == "mine"
+    assert algo.config_cls is TinyConfig
+    assert {i.name: i.algorithms for i in pm.info()}["mine"] == ("tiny",)
+
+
+def test_unknown_algorithm_lists_installed(pm):
+    pm.register(Registers(algorithm("tiny"), algorithm("other")), name="mine")
+    with pytest.raises(PluginError, match=r"unknown plugin/algorithm 'nope'; installed: other, tiny"):
+        pm.algorithm("nope")
+
+
+def test_two_plugins_with_the_same_algorithm_name_are_refused(pm):
+    pm.register(Registers(algorithm("tiny")), name="first")
+    pm.register(Registers(algorithm("tiny")), name="second")
+    with pytest.raises(PluginError, match=r"'tiny' is registered by two plugins: '\w+' and '\w+'") as e:
+        pm.algorithms()
+    assert "first" in str(e.value) and "second" in str(e.value)
+
+
+def test_registering_something_else_names_plugin_and_hook(pm):
+    class Wrong:
+        @mprl.hookimpl
+        def mprl_register_algorithms(self, register):  # noqa: ANN001, ANN201
+            register({"name": "tiny"})
+
+    pm.register(Wrong(), name="wrong-plugin")
+    with pytest.raises(PluginError, match=r"'wrong-plugin': mprl_register_algorithms .* dict"):
+        pm.algorithms()
+
+
+def test_a_hook_that_raises_is_reported_with_its_plugin(pm):
+    class Raises:
+        @mprl.hookimpl
+        def mprl_register_algorithms(self, register):  # noqa: ANN001, ANN201
+            raise KeyError("oops")
+
+    pm.register(Raises(), name="raiser")
+    with pytest.raises(PluginError, match=r"'raiser': mprl_register_algorithms raised KeyError"):
+        pm.algorithms()
+
+
+def test_misspelt_hook_fails_loudly_naming_the_plugin(pm):
+    class Misspelt:
+        @mprl.hookimpl
+        def mprl_register_algorithm(self, register):  # noqa: ANN001, ANN201 - missing "s"
+            pass
+
+    pm.register(Misspelt(), name="typo")
+    with pytest.raises(PluginError, match=r"'typo'.*mprl_register_algorithm.*mprl_register_algorithms"):
+        pm.check()
+
+
+def test_hook_with_unknown_argument_is_rejected_at_registration(pm):
+    class BadArgs:
+        @mprl.hookimpl
+        def mprl_make_env(self, env_name):  # noqa: ANN001, ANN201 - not a spec argument
+            return None
+
+    with pytest.raises(PluginError, match=r"env_name"):
+        pm.register(BadArgs(), name="badargs")
+
+
+def test_make_env_firstresult_plugin_wins_and_builtin_is_fallback(pm):
+    class Envs:
+        @mprl.hookimpl
+        def mprl_make_env(self, env_id, rank):  # noqa: ANN001, ANN201
+            return Corridor() if env_id == "Corridor-v0" else None
+
+    pm.register(Envs(), name="envs")
+    assert isinstance(make_env(pm, "Corridor-v0"), Corridor)
+    cartpole = make_env(pm, "CartPole-v1")
+    assert cartpole.spec is not None and cartpole.spec.id == "CartPole-v1"
+    cartpole.close()
+
+
+def test_make_env_wrong_type_names_the_plugin(pm):
+    class BadEnv:
+        @mprl.hookimpl
+        def mprl_make_env(self, env_id):  # noqa: ANN001, ANN201
+            return "CartPole-v1"
+
+    pm.register(BadEnv(), name="bad-env")
+    with pytest.raises(PluginError, match=r"'bad-env': mprl_make_env returned str"):
+        make_env(pm, "CartPole-v1")
+
+
+def test_unknown_env_id_is_a_usage_error(pm):
+    with pytest.raises(UsageError, match=r"unknown gymnasium environment 'NoSuchEnv-v3'"):
+        make_env(pm, "NoSuchEnv-v3")
+
+
+def test_entry_points_load_and_a_broken_one_is_reported_not_raised(installed):
+    pm = get_plugin_manager()
+    assert pm.algorithm("probe")[0] == "testplugin"
+    assert pm.algorithm("a3c")[0] == "a3c"  # the built-in plugin is an entry point too
+    (failed,) = [f for f in pm.failed if f.name == "broken"]
+    message = failed.message()
+    assert "mprl_brokenplugin" in message and "mprl-brokenplugin" in message
+    assert "ImportError: needs the frobnicator package" in message
+    with pytest.raises(PluginError, match="frobnicator"):
+        pm.algorithm("broken")
+    assert pm.distribution_of("testplugin") == ("mprl-testplugin", "0.1.0")
+
+
+def test_blocked_plugin_is_not_loaded(installed, monkeypatch):
+    pm = get_plugin_manager(blocked=["testplugin"])
+    assert "probe" not in pm.algorithms()
+    monkeypatch.setenv("MPRL_BLOCK_PLUGINS", "testplugin,a3c")
+    pm = get_plugin_manager()
+    assert set(pm.algorithms()) == set()
+    assert set(pm.blocked_names()) == {"testplugin", "a3c"}
+
+
+def test_autoload_can_be_disabled(installed, monkeypatch):
+    monkeypatch.setenv("MPRL_DISABLE_PLUGIN_AUTOLOAD", "1")
+    assert get_plugin_manager().algorithms() == {}
+
+
+def test_tracing_prints_hook_calls(pm, monkeypatch, capsys):
+    monkeypatch.setenv("MPRL_TRACE", "1")
+    traced = get_plugin_manager(autoload=False)
+    make_env(traced, "CartPole-v1").close()
+    assert "mprl_make_env" in capsys.readouterr().err
+
+
+def test_run_start_and_end_hooks_see_the_run(pm, installed, tmp_path):
+    seen = {}
+
+    class Watcher:
+        @mprl.hookimpl
+        def mprl_run_start(self, run):  # noqa: ANN001, ANN201
+            seen["start"] = (run.algorithm, run.run.env, run.run_dir)
+
+        @mprl.hookimpl
+        def mprl_report_metrics(self, records):  # noqa: ANN001, ANN201
+            seen.setdefault("records", []).extend(records)
+
+        @mprl.hookimpl
+        def mprl_run_end(self, summary):  # noqa: ANN001, ANN201
+            seen["end"] = summary
+
+    full = get_plugin_manager()
+    full.register(Watcher(), name="watcher")
+    summary = mprl.run(
+        "probe", workers=1, total_steps=200, run_dir=tmp_path / "r", progress="none", plugins=full
+    )
+    assert seen["start"] == ("probe", "Corridor-v0", tmp_path / "r")
+    episodes = [r for r in seen["records"] if "episode_return" in r]
+    assert len(episodes) == summary.episodes >= 1
+    assert all(r["episode_return"] == 10.0 for r in episodes)  # the corridor is 10 steps long
+    assert seen["end"]["env_steps"] == summary.env_steps >= 200
+
+
+def test_wrong_algorithm_declarations_are_refused_at_registration():
+    with pytest.raises(PluginError, match="lambda"):
+        mprl.Algorithm(name="x", config_cls=TinyConfig, make_model=tiny_model, worker=lambda ctx: None)
+
+    def nested(ctx):  # noqa: ANN001, ANN202
+        pass
+
+    with pytest.raises(PluginError, match="top level"):
+        mprl.Algorithm(name="x", config_cls=TinyConfig, make_model=tiny_model, worker=nested)
+
+    class NotAttrs:
+        pass
+
+    with pytest.raises(PluginError, match="must be an attrs class"):
+        mprl.Algorithm(name="x", config_cls=NotAttrs, make_model=tiny_model, worker=tiny_worker)
+
+    @attrs.frozen
+    class LocalConfig:
+        a: int = 1
+
+    with pytest.raises(PluginError, match="picklable"):
+        mprl.Algorithm(name="x", config_cls=LocalConfig, make_model=tiny_model, worker=tiny_worker)
+
+    @attrs.frozen
+    class NoDefault:
+        a: int
+
+    with pytest.raises(PluginError, match="needs a default for every field"):
+        mprl.Algorithm(name="x", config_cls=NoDefault, make_model=tiny_model, worker=tiny_worker)
+
+    with pytest.raises(PluginError, match="Schema"):
+        mprl.Algorithm(
+            name="x", config_cls=TinyConfig, make_model=tiny_model, worker=tiny_worker, schema={}
+        )
+
+
+def test_supports_checks_the_action_space():
+    algo = algorithm()
+    assert algo.supports(gym.spaces.Discrete(2))
+    assert not algo.supports(gym.spaces.MultiBinary(2))
