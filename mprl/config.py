@@ -65,7 +65,7 @@ def coerce(value: Any, tp: Any) -> Any:
         raise TypeError
     if origin in (tuple, list):
         if isinstance(value, str):
-            value = [v.strip() for v in value.split(",") if v.strip()]
+            value = [parse_value(v.strip()) for v in value.split(",") if v.strip()]
         if not isinstance(value, list | tuple):
             raise TypeError
         args = [a for a in typing.get_args(tp) if a is not Ellipsis]

@@ -133,8 +133,9 @@ class LocalBackend:
         children: list[_Child] = []
         try:
             if job.algorithm.schema.needs_manager():
-                manager = SyncManager(ctx=ctx)
-                manager.start(initializer=_ignore_sigint)
+                server = SyncManager(ctx=ctx)
+                server.start(initializer=_ignore_sigint)
+                manager = server
             state = job.algorithm.schema.build(manager, n)
             channel = LocalChannel(
                 control=torch.zeros(2, dtype=torch.int64).share_memory_(),

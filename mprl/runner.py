@@ -93,6 +93,7 @@ class Summary:
     plugin: str
     algorithm: str
     env: str
+    per_worker_steps: tuple[int, ...] = ()
     failures: tuple[ChildFailure, ...] = ()
     signal: int | None = None
 
@@ -230,7 +231,8 @@ class _RunMonitor:
 
 
 def _check_main_guard() -> None:
-    if mp.parent_process() is not None and getattr(mp.current_process(), "_inheriting", False):
+    # spawn sets _inheriting while a child imports the parent's main module
+    if getattr(mp.current_process(), "_inheriting", False):
         raise UsageError(
             "mprl.run() was called while a spawned child process was importing your script. "
             "Child processes re-import the main module, so start the run under "
@@ -389,6 +391,7 @@ def run(
         plugin=plugin_name,
         algorithm=algo.name,
         env=run_cfg.env,
+        per_worker_steps=stats.per_worker[: run_cfg.workers],
         failures=tuple(outcome.failures),
         signal=signals.received,
     )

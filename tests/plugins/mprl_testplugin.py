@@ -68,6 +68,7 @@ SCHEMA = schema.Schema(
     visits=schema.PerWorker(0),
     envs=schema.PerWorker(""),
     lock=schema.Lock(),
+    started=schema.Barrier("workers"),
     seen=schema.Tensor(shape=("workers",)),
 )
 
@@ -76,6 +77,7 @@ def probe_worker(ctx: mprl.Context) -> None:
     env = ctx.make_env(0)
     with ctx.state.lock:
         ctx.state.envs[ctx.rank] = type(env.unwrapped).__name__
+    ctx.state.started.wait(timeout=60)  # every worker steps, however slowly the others start
     obs, _ = env.reset()
     ret, length, steps = 0.0, 0, 0
     while not ctx.should_stop():

@@ -1,0 +1,139 @@
+"""Shared-state schema -> real Manager objects, for every supported kind, used across processes."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+from multiprocessing.managers import BaseProxy, SyncManager
+
+import pytest
+import torch
+
+from mprl import schema as s
+from mprl.errors import SchemaError
+
+N = 3
+
+FULL = s.Schema(
+    train_modes=s.PerWorker(True),
+    n_iters=s.PerWorker(0),
+    histories=s.PerWorker(list),
+    per_worker_stats=s.PerWorker(dict),
+    log=s.List([1, 2]),
+    table=s.Dict({"a": 1}),
+    ns=s.Namespace({"mode": "train", "epoch": 0}),
+    lock=s.Lock(),
+    rlock=s.RLock(),
+    sem=s.Semaphore(2),
+    bsem=s.BoundedSemaphore(1),
+    cond=s.Condition(),
+    event=s.Event(),
+    barrier=s.Barrier("all"),
+    queue=s.Queue(4),
+    value=s.Value("i", 7),
+    array=s.Array("d", "workers", 0.5),
+    buffer=s.Tensor(shape=("workers", 5), dtype=torch.float64, fill=1.0),
+)
+
+
+@pytest.fixture
+def manager():
+    m = SyncManager(ctx=mp.get_context("spawn"))
+    m.start()
+    yield m
+    m.shutdown()
+
+
+def child_updates(state: s.SharedState, rank: int) -> None:
+    """Runs in a spawned process: touch every field so the parent can see the effect."""
+    state.train_modes[rank] = False
+    state.n_iters[rank] += 5
+    state.histories[rank].append(("episode", rank))
+    state.per_worker_stats[rank]["loss"] = 0.25
+    state.log.append(3)
+    state.table["child"] = rank
+    state.ns.epoch = 9
+    with state.lock, state.rlock:
+        state.value.value += 1
+    state.array[rank] = 2.5
+    state.buffer[rank] += 41
+    state.queue.put(("from", rank))
+    state.event.set()
+
+
+def test_every_kind_is_built_and_shared_with_a_spawned_child(manager):
+    state = FULL.build(manager, N)
+    # built as the hand-written main would have built them
+    assert list(state.train_modes) == [True] * N
+    assert list(state.n_iters) == [0] * N
+    assert [list(h) for h in state.histories] == [[]] * N
+    assert list(state.log) == [1, 2]
+    assert dict(state.table) == {"a": 1}
+    assert (state.ns.mode, state.ns.epoch) == ("train", 0)
+    assert state.value.value == 7
+    assert list(state.array) == [0.5] * N
+    assert state.buffer.shape == (N, 5) and state.buffer.is_shared()
+    assert state.buffer.dtype == torch.float64
+    for name in ("lock", "rlock", "sem", "bsem", "cond", "event", "barrier", "queue"):
+        assert isinstance(getattr(state, name), BaseProxy), name
+    assert state.barrier.parties == N + 1  # "all" = workers + train process
+    assert state.sem.acquire(blocking=False) and state.sem.acquire(blocking=False)
+    assert not state.sem.acquire(blocking=False)  # value 2
+    state.bsem.acquire()
+    state.bsem.release()
+    with pytest.raises(ValueError):
+        state.bsem.release()  # bounded: cannot go above its initial value
+    with state.cond:
+        assert not state.cond.wait(timeout=0.01)
+
+    proc = mp.get_context("spawn").Process(target=child_updates, args=(state, 1))
+    proc.start()
+    proc.join(60)
+    assert proc.exitcode == 0
+
+    assert list(state.train_modes) == [True, False, True]
+    assert list(state.n_iters) == [0, 5, 0]
+    assert [list(h) for h in state.histories] == [[], [("episode", 1)], []]
+    assert dict(state.per_worker_stats[1]) == {"loss": 0.25}
+    assert list(state.log) == [1, 2, 3]
+    assert state.table["child"] == 1
+    assert state.ns.epoch == 9
+    assert state.value.value == 8
+    assert list(state.array) == [0.5, 2.5, 0.5]
+    assert state.buffer[1].tolist() == [42.0] * 5 and state.buffer[0].tolist() == [1.0] * 5
+    assert state.queue.get(timeout=5) == ("from", 1)
+    assert state.event.is_set()
+
+
+def test_tensor_only_schema_needs_no_manager():
+    tensors = s.Schema(a=s.Tensor(shape=(2,)), b=s.Tensor(shape=("all", 3), dtype=torch.int64))
+    assert not tensors.needs_manager()
+    state = tensors.build(None, 4)
+    assert state.b.shape == (5, 3) and state.b.is_shared()
+    assert FULL.needs_manager()
+    with pytest.raises(SchemaError, match=r"'lock' \(Lock\) needs a Manager"):
+        s.Schema(lock=s.Lock()).build(None, 1)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"modes": [True, True]}, r"'modes': \[True, True\] is not a field declaration; use one of"),
+        ({"modes": s.PerWorker(object())}, r"'modes' \(PerWorker\): initial value .* must be a scalar"),
+        ({"_private": s.Lock()}, r"'_private': not a valid name"),
+        ({"class": s.Lock()}, r"'class': not a valid name"),
+        ({"v": s.Value("q!", 0)}, r"'v' \(Value\): typecode 'q!' is not one of"),
+        ({"v": s.Value("i", "text")}, r"'v' \(Value\)"),
+        ({"a": s.Array("d", "everyone")}, r"'a' \(Array\): size 'everyone' must be an int, 'workers' or 'all'"),
+        ({"b": s.Barrier(0)}, r"'b' \(Barrier\): size 0 must be >= 1"),
+        ({"q": s.Queue(-1)}, r"'q' \(Queue\): maxsize -1 must be an int >= 0"),
+        ({"t": s.Tensor(shape=())}, r"'t' \(Tensor\): shape must have at least one dimension"),
+        ({"t": s.Tensor(shape=(2,), dtype="float")}, r"'t' \(Tensor\): dtype 'float' must be a torch.dtype"),
+        ({"d": s.Dict([1, 2])}, r"'d' \(Dict\): initial value \[1, 2\] must be a mapping"),
+        ({"n": s.Namespace({"not ok": 1})}, r"'n' \(Namespace\): attribute names \['not ok'\]"),
+        ({"l": s.List("abc")}, r"'l' \(List\): initial value 'abc' must be a list or tuple"),
+        ({"sem": s.Semaphore(-2)}, r"'sem' \(Semaphore\): value -2 must be an int >= 0"),
+    ],
+)
+def test_wrong_declarations_name_the_field(fields, message):
+    with pytest.raises(SchemaError, match=message):
+        s.Schema(**fields)
