@@ -1,0 +1,144 @@
+"""The CLI as a user runs it: a subprocess, exit codes, messages, the run directory."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from tests.conftest import alive, child_pids, cli
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--plugin", "nope"], r"unknown plugin/algorithm 'nope'; installed: a3c, probe"),
+        (["--plugin", "a3c", "--env", "NoSuchEnv-v3"], r"unknown gymnasium environment 'NoSuchEnv-v3'"),
+        (["--plugin", "a3c", "--env", "Switches-v0"], r"'a3c' does not support the action space of 'Switches-v0' \(MultiBinary\); it supports: Discrete, Box"),
+        (["--plugin", "a3c", "--set", "lr=-1"], r"a3c config: field 'lr': 'lr' must be > 0.0: -1.0"),
+        (["--plugin", "a3c", "--set", "lrr=0.1"], r"unknown field 'lrr'; known fields: .*lr"),
+        (["--plugin", "a3c", "--set", "n_steps=many"], r"field 'n_steps' expects int, got 'many'"),
+        (["--plugin", "a3c", "--workers", "0"], r"field 'workers': 'workers' must be >= 1: 0"),
+        (["--plugin", "a3c", "--workers", "two"], r"argument --workers: invalid int value: 'two'"),
+        (["--plugin", "broken"], r"entry point broken = mprl_brokenplugin in distribution mprl-brokenplugin 0.1.0\) failed to import: ImportError: needs the frobnicator"),
+        (["--plugin", "a3c", "-p", "no:a3c"], r"plugin 'a3c' is blocked"),
+        ([], r"run needs --plugin NAME; installed: a3c, probe"),
+    ],
+)  # fmt: skip
+def test_bad_input_exits_2_with_one_clear_line_and_starts_nothing(installed, tmp_path, args, message):
+    run_dir = tmp_path / "run"
+    proc = cli("run", *args, "--run-dir", str(run_dir))
+    assert proc.returncode == 2, proc.stderr
+    import re
+
+    assert re.search(message, proc.stderr), proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not run_dir.exists()
+
+
+def test_bad_toml_config_names_the_file_and_field(installed, tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("lr = [\n")
+    proc = cli("run", "--plugin", "a3c", "--config", str(bad))
+    assert proc.returncode == 2 and f"config file '{bad}' is not valid TOML" in proc.stderr
+    unknown = tmp_path / "unknown.toml"
+    unknown.write_text("lr = 0.01\n[run]\nworkerz = 2\n")
+    proc = cli("run", "--plugin", "a3c", "--config", str(unknown))
+    assert proc.returncode == 2
+    assert f"config file '{unknown}' [run]: unknown field 'workerz'" in proc.stderr
+
+
+def test_toml_and_set_reach_the_resolved_config(installed, tmp_path):
+    cfg = tmp_path / "cfg.toml"
+    cfg.write_text("lr = 0.01\nn_steps = 4\n[run]\nworkers = 1\nseed = 7\n")
+    run_dir = tmp_path / "run"
+    proc = cli(
+        "run", "--plugin", "a3c", "--config", str(cfg), "--set", "n_steps=6",
+        "--total-steps", "2e3", "--run-dir", str(run_dir), "--quiet",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    resolved = json.loads((run_dir / "config.json").read_text())
+    assert resolved["config"]["lr"] == 0.01 and resolved["config"]["n_steps"] == 6  # --set wins
+    assert resolved["run"]["workers"] == 1 and resolved["run"]["seed"] == 7
+    assert resolved["run"]["total_steps"] == 2000
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["env_steps"] >= 2000 and summary["status"] == "finished"
+    assert "mprl: finished" in proc.stdout and str(run_dir) in proc.stdout
+
+
+def test_plugins_lists_distribution_algorithms_hooks_and_failures(installed):
+    proc = cli("plugins")
+    assert proc.returncode == 0
+    assert "a3c  (mprl 0.1.0)" in proc.stdout
+    assert "testplugin  (mprl-testplugin 0.1.0)" in proc.stdout
+    assert "FAILED plugin 'broken'" in proc.stdout
+    data = json.loads(cli("plugins", "--json").stdout)
+    by_name = {p["name"]: p for p in data["plugins"]}
+    assert by_name["a3c"]["algorithms"] == ["a3c"]
+    assert by_name["testplugin"]["hooks"] == ["mprl_make_env", "mprl_register_algorithms"]
+    assert data["failed"][0]["distribution"] == "mprl-brokenplugin"
+
+
+def test_run_help_with_plugin_lists_its_config_fields():
+    proc = cli("run", "--plugin", "a3c", "--help")
+    assert proc.returncode == 0
+    assert "--total-steps" in proc.stdout
+    assert "lr (float)" in proc.stdout and "default 0.001" in proc.stdout
+    assert "Adam learning rate" in proc.stdout
+
+
+def _start_run(run_dir, *extra: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "mprl", "run", "--plugin", "a3c", "--workers", "2",
+         "--total-steps", "100000000", "--set", "lr=1e-6", "--run-dir", str(run_dir), *extra],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
+def _wait_for_steps(run_dir, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    metrics = run_dir / "metrics.jsonl"
+    while time.monotonic() < deadline:
+        if metrics.exists() and metrics.stat().st_size > 0:
+            return
+        time.sleep(0.2)
+    raise AssertionError("the run reported nothing")
+
+
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_signal_stops_cleanly_with_checkpoint_and_exit_code(tmp_path, sig, code):
+    run_dir = tmp_path / "run"
+    proc = _start_run(run_dir)
+    _wait_for_steps(run_dir)
+    kids = child_pids(proc.pid)
+    assert len(kids) >= 3  # two workers and the Manager-less run still has a resource tracker
+    start = time.monotonic()
+    proc.send_signal(sig)
+    _, stderr = proc.communicate(timeout=30)
+    took = time.monotonic() - start
+    assert proc.returncode == code, stderr
+    assert took < 10
+    assert "KeyboardInterrupt" not in stderr and "Traceback" not in stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["stop_reason"] == sig.name
+    ckpt = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=False)
+    assert ckpt["env_steps"] == summary["env_steps"] > 0
+    deadline = time.monotonic() + 5
+    while [k for k in kids if alive(k)] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [k for k in kids if alive(k)], "children outlived the run"
+
+
+@pytest.mark.slow
+def test_a3c_defaults_solve_cartpole(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = cli("run", "--plugin", "a3c", "--run-dir", str(run_dir), "--quiet", timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["solved"] and summary["mean_return_100"] >= 475
+    assert summary["stop_reason"] == "solved"
