@@ -1,4 +1,4 @@
-"""mprl: a small plug-in framework for multi-process reinforcement learning on torch.multiprocessing.
+"""mprl: a small plug-in framework for multi-process reinforcement learning in PyTorch.
 
 Plugin authors need only what is exported here: the ``hookimpl`` marker, :class:`Algorithm`, the
 shared-state declarations in :mod:`mprl.schema`, and the :class:`Context` their functions receive.

@@ -60,7 +60,7 @@ def _check_config_cls(cls: Any) -> None:
         ) from None
     try:
         pickle.loads(pickle.dumps(default))
-    except Exception as exc:  # noqa: BLE001 - any pickling failure means the same thing
+    except Exception as exc:
         raise PluginError(
             f"config class {cls.__qualname__} must be picklable to reach spawned processes "
             f"(define it at module top level): {exc}"
@@ -80,9 +80,8 @@ def _validate(instance: Algorithm, attribute: attrs.Attribute, value: Any) -> No
     elif attribute.name in ("worker", "train", "make_model", "make_optimizer"):
         if value is not None or attribute.name in ("worker", "make_model"):
             check_importable(value, where)
-    elif attribute.name == "schema":
-        if not isinstance(value, Schema):
-            raise PluginError(f"{where} must be an mprl.schema.Schema, got {value!r}")
+    elif attribute.name == "schema" and not isinstance(value, Schema):
+        raise PluginError(f"{where} must be an mprl.schema.Schema, got {value!r}")
 
 
 @attrs.frozen
@@ -97,8 +96,8 @@ class Algorithm:
         ``ctx.model``.
     :param worker: ``worker(ctx)``, run in each of the ``--workers`` processes.
     :param train: optional ``train(ctx)``, run in one separate train process.
-    :param make_optimizer: optional ``make_optimizer(parameters, config) -> Optimizer``; its state is
-        put in shared memory (Hogwild) and reaches every process as ``ctx.optimizer``.
+    :param make_optimizer: optional ``make_optimizer(parameters, config) -> Optimizer``: its state
+        lives in shared memory (Hogwild) and reaches every process as ``ctx.optimizer``.
     :param schema: the shared state the processes use, built by the core for each run.
     :param action_spaces: the gymnasium space types the algorithm supports.
     :param default_env: the environment used when ``--env`` is not given.

@@ -51,19 +51,27 @@ def _parser() -> argparse.ArgumentParser:
         "run", parents=[common], add_help=False, help="train an algorithm",
         description="Train an algorithm until the env is solved or --total-steps is reached.",
     )  # fmt: skip
-    run.add_argument("-h", "--help", action="store_true", help="show this help (with --plugin: its config)")
+    run.add_argument(
+        "-h", "--help", action="store_true", help="show this help (with --plugin: its config)"
+    )
     run.add_argument("--plugin", help="algorithm to run (see `python -m mprl plugins`)")
     run.add_argument("--env", help="gymnasium env id (default: the algorithm's, CartPole-v1)")
     run.add_argument("--workers", type=int, help="worker processes (default: number of cores)")
     run.add_argument("--seed", type=int, help="run seed (default 0)")
-    run.add_argument("--total-steps", type=float, help="stop after N env steps (default: when solved)")
+    run.add_argument(
+        "--total-steps", type=float, help="stop after N env steps (default: when solved)"
+    )
     run.add_argument("--run-dir", help="run directory (default: runs/PLUGIN-ENV-TIME-PID)")
-    run.add_argument("--config", metavar="FILE.toml", help="algorithm config; a [run] table sets run options")
+    run.add_argument(
+        "--config", metavar="FILE.toml", help="algorithm config; a [run] table sets run options"
+    )
     run.add_argument(
         "--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE",
         help="set an algorithm config field (repeatable), e.g. --set lr=0.0005",
     )  # fmt: skip
-    run.add_argument("--start-interval", type=float, help="seconds between worker starts (default 0)")
+    run.add_argument(
+        "--start-interval", type=float, help="seconds between worker starts (default 0)"
+    )
     run.add_argument("--backend", help="execution backend (default: local)")
     run.add_argument("--quiet", "-q", action="store_true", help="no progress display")
 

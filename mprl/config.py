@@ -95,7 +95,7 @@ def coerce(value: Any, tp: Any) -> Any:
 
 
 def parse_value(text: str) -> Any:
-    """Read one ``--set`` value as TOML would (``3``, ``1e-3``, ``true``, ``[64, 64]``); else text."""
+    """Read a ``--set`` value as TOML would (``3``, ``1e-3``, ``[64, 64]``), else as text."""
     try:
         return tomllib.loads(f"v = {text}")["v"]
     except tomllib.TOMLDecodeError:

@@ -8,7 +8,9 @@ from mprl.errors import PluginError, UsageError
 from mprl.plugins import PluginManager
 
 
-def make_env(pm: PluginManager, env_id: str, *, seed: int = 0, rank: int = -1, index: int = 0) -> gym.Env:
+def make_env(
+    pm: PluginManager, env_id: str, *, seed: int = 0, rank: int = -1, index: int = 0
+) -> gym.Env:
     """Ask the plugins for ``env_id``; the first non-None answer wins (the built-in is last)."""
     kwargs = {"env_id": env_id, "seed": seed, "rank": rank, "index": index}
     for impl in reversed(pm.hook.mprl_make_env.get_hookimpls()):

@@ -237,7 +237,9 @@ class LocalBackend:
             if not child.done and code != 0 and _source(child) in errors:
                 # a crash while stopping still deserves its traceback
                 tb = errors[_source(child)]
-                failures.append(ChildFailure(child.role, child.rank, code, _describe_exit(code), tb))
+                failures.append(
+                    ChildFailure(child.role, child.rank, code, _describe_exit(code), tb)
+                )
             child.done = True
         return failures
 

@@ -79,7 +79,7 @@ class PluginManager(pluggy.PluginManager):
             version = ep.dist.version if ep.dist else "?"
             try:
                 plugin = ep.load()
-            except Exception as exc:  # noqa: BLE001 - a broken plugin must not take others down
+            except Exception as exc:
                 err = f"{type(exc).__name__}: {exc}"
                 self.failed.append(FailedPlugin(ep.name, ep.value, dist, version, err))
                 continue
@@ -120,7 +120,9 @@ class PluginManager(pluggy.PluginManager):
 
     def call_one(self, hook: str, plugin: object, **kwargs: Any) -> Any:
         """Call ``hook`` on ``plugin`` alone (through pluggy, so tracing still sees it)."""
-        others = [i.plugin for i in getattr(self.hook, hook).get_hookimpls() if i.plugin is not plugin]
+        others = [
+            i.plugin for i in getattr(self.hook, hook).get_hookimpls() if i.plugin is not plugin
+        ]
         return self.subset_hook_caller(hook, remove_plugins=others)(**kwargs)
 
     def call_each(self, hook: str, **kwargs: Any) -> list[tuple[str, Any]]:
@@ -177,7 +179,9 @@ class PluginManager(pluggy.PluginManager):
             if failed.name == name:
                 msg = failed.message()
         if self.is_blocked(name):
-            msg = f"plugin {name!r} is blocked (-p no:{name} or {BLOCK_ENV}); installed: {installed}"
+            msg = (
+                f"plugin {name!r} is blocked (-p no:{name} or {BLOCK_ENV}); installed: {installed}"
+            )
         raise PluginError(msg)
 
     def distribution_of(self, plugin_name: str) -> tuple[str, str]:
@@ -195,7 +199,9 @@ class PluginManager(pluggy.PluginManager):
         for name, plugin in sorted(self.list_name_plugin()):
             hooks = tuple(sorted(c.name for c in self.get_hookcallers(plugin) or ()))
             dist, version = self.distribution_of(name)
-            rows.append(PluginInfo(name, dist, version, tuple(sorted(by_plugin.get(name, ()))), hooks))
+            rows.append(
+                PluginInfo(name, dist, version, tuple(sorted(by_plugin.get(name, ()))), hooks)
+            )
         return rows
 
 

@@ -13,7 +13,9 @@ PLAIN_EVERY_S = 5.0
 
 
 def _fmt(x: float, digits: int = 1) -> str:
-    return "-" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:.{digits}f}"
+    return (
+        "-" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:.{digits}f}"
+    )
 
 
 def summary_line(s: Snapshot) -> str:
@@ -45,7 +47,9 @@ class Progress:
             from rich.console import Console
             from rich.live import Live
 
-            self._live = Live(console=Console(file=self.stream), refresh_per_second=4, transient=False)
+            self._live = Live(
+                console=Console(file=self.stream), refresh_per_second=4, transient=False
+            )
             self._live.start()
         else:
             print(title, file=self.stream, flush=True)

@@ -59,7 +59,9 @@ class RunConfig:
         default=0.0, validator=v.ge(0), metadata={"help": "seconds to sleep between worker starts"}
     )
     torch_threads: int = attrs.field(
-        default=0, validator=v.ge(0), metadata={"help": "torch threads per child (0: cores / children)"}
+        default=0,
+        validator=v.ge(0),
+        metadata={"help": "torch threads per child (0: cores / children)"},
     )
     backend: str = attrs.field(default="local", metadata={"help": "where processes run"})
 
@@ -178,7 +180,12 @@ class _RunMonitor:
     """The runner's side of the backend seam: stats, metrics file, reporters, progress, stop."""
 
     def __init__(
-        self, info: RunInfo, rundir: RunDir, pm: PluginManager, progress: Progress, signals: _Signals
+        self,
+        info: RunInfo,
+        rundir: RunDir,
+        pm: PluginManager,
+        progress: Progress,
+        signals: _Signals,
     ) -> None:
         self.info = info
         self.rundir = rundir
@@ -236,7 +243,7 @@ def _check_main_guard() -> None:
         raise UsageError(
             "mprl.run() was called while a spawned child process was importing your script. "
             "Child processes re-import the main module, so start the run under "
-            "`if __name__ == \"__main__\":` (see the README)"
+            '`if __name__ == "__main__":` (see the README)'
         )
 
 

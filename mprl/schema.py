@@ -258,7 +258,7 @@ class Value(Field):
 
 @attrs.frozen
 class Array(Field):
-    """``manager.Array(typecode, [initial] * size)``; ``size`` is an int, ``"workers"`` or ``"all"``."""
+    """``manager.Array(typecode, [initial] * size)``; size: an int, ``"workers"`` or ``"all"``."""
 
     kind: ClassVar[str] = "Array"
     typecode: str = "d"

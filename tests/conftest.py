@@ -19,7 +19,9 @@ HERE = Path(__file__).parent
 REPO = HERE.parent
 
 
-def write_distribution(root: Path, dist: str, entry_points: dict[str, str], modules: dict[str, str]) -> None:
+def write_distribution(
+    root: Path, dist: str, entry_points: dict[str, str], modules: dict[str, str]
+) -> None:
     """Install a distribution into ``root`` the way pip lays it out: modules + ``.dist-info``."""
     for name, source in modules.items():
         (root / f"{name}.py").write_text(source)
@@ -35,7 +37,9 @@ def plugin_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A site directory holding two installed distributions: the test plugin and a broken one."""
     root = tmp_path_factory.mktemp("site")
     source = (HERE / "plugins" / "mprl_testplugin.py").read_text()
-    write_distribution(root, "mprl-testplugin", {"testplugin": "mprl_testplugin"}, {"mprl_testplugin": source})
+    write_distribution(
+        root, "mprl-testplugin", {"testplugin": "mprl_testplugin"}, {"mprl_testplugin": source}
+    )
     write_distribution(
         root,
         "mprl-brokenplugin",
@@ -49,7 +53,9 @@ def plugin_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def installed(plugin_site: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Make the test distributions visible to this process and to every child it starts."""
     monkeypatch.syspath_prepend(str(plugin_site))
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(plugin_site), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join([str(plugin_site), os.environ.get("PYTHONPATH", "")])
+    )
     return plugin_site
 
 
@@ -59,7 +65,9 @@ def pm() -> PluginManager:
     return get_plugin_manager(autoload=False)
 
 
-def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+def cli(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 120, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
     """Run ``python -m mprl ARGS`` like a user would."""
     return subprocess.run(
         [sys.executable, "-m", "mprl", *args],

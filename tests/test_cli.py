@@ -30,7 +30,9 @@ from tests.conftest import alive, child_pids, cli
         ([], r"run needs --plugin NAME; installed: a3c, probe"),
     ],
 )  # fmt: skip
-def test_bad_input_exits_2_with_one_clear_line_and_starts_nothing(installed, tmp_path, args, message):
+def test_bad_input_exits_2_with_one_clear_line_and_starts_nothing(
+    installed, tmp_path, args, message
+):
     run_dir = tmp_path / "run"
     proc = cli("run", *args, "--run-dir", str(run_dir))
     assert proc.returncode == 2, proc.stderr

@@ -34,7 +34,9 @@ def test_parse_value_reads_toml_scalars(text, value):
 
 
 def test_assignments_and_build_convert_safely():
-    values = parse_assignments(["lr=5e-4", "steps=1e3", "flag=true", "hidden=[8,8]", "limit=none", "mode=slow"])
+    values = parse_assignments(
+        ["lr=5e-4", "steps=1e3", "flag=true", "hidden=[8,8]", "limit=none", "mode=slow"]
+    )
     cfg = build(Cfg, values)
     assert cfg == Cfg(lr=5e-4, steps=1000, flag=True, hidden=(8, 8), limit=None, mode="slow")
     assert build(Cfg, {"hidden": "16,16", "lr": 1}).hidden == (16, 16)  # comma list, int -> float
@@ -43,7 +45,10 @@ def test_assignments_and_build_convert_safely():
 @pytest.mark.parametrize(
     ("values", "message"),
     [
-        ({"lrr": 1.0}, r"unknown field 'lrr'; known fields: flag, hidden, limit, lr, mode, name, steps"),
+        (
+            {"lrr": 1.0},
+            r"unknown field 'lrr'; known fields: flag, hidden, limit, lr, mode, name, steps",
+        ),
         ({"lr": "fast"}, r"field 'lr' expects float, got 'fast'"),
         ({"steps": 2.5}, r"field 'steps' expects int, got 2.5"),
         ({"flag": 1}, r"field 'flag' expects bool, got 1"),

@@ -19,16 +19,18 @@ class TinyConfig:
     size: int = 3
 
 
-def tiny_model(obs_space, act_space, config):  # noqa: ANN001, ANN201
+def tiny_model(obs_space, act_space, config):
     return torch.nn.Linear(4, config.size)
 
 
-def tiny_worker(ctx):  # noqa: ANN001, ANN201
+def tiny_worker(ctx):
     pass
 
 
 def algorithm(name: str = "tiny") -> mprl.Algorithm:
-    return mprl.Algorithm(name=name, config_cls=TinyConfig, make_model=tiny_model, worker=tiny_worker)
+    return mprl.Algorithm(
+        name=name, config_cls=TinyConfig, make_model=tiny_model, worker=tiny_worker
+    )
 
 
 class Registers:
@@ -36,7 +38,7 @@ class Registers:
         self.algos = algos
 
     @mprl.hookimpl
-    def mprl_register_algorithms(self, register):  # noqa: ANN001, ANN201
+    def mprl_register_algorithms(self, register):
         for algo in self.algos:
             register(algo)
 
@@ -51,14 +53,18 @@ def test_inline_plugin_registers_an_algorithm(pm):
 
 def test_unknown_algorithm_lists_installed(pm):
     pm.register(Registers(algorithm("tiny"), algorithm("other")), name="mine")
-    with pytest.raises(PluginError, match=r"unknown plugin/algorithm 'nope'; installed: other, tiny"):
+    with pytest.raises(
+        PluginError, match=r"unknown plugin/algorithm 'nope'; installed: other, tiny"
+    ):
         pm.algorithm("nope")
 
 
 def test_two_plugins_with_the_same_algorithm_name_are_refused(pm):
     pm.register(Registers(algorithm("tiny")), name="first")
     pm.register(Registers(algorithm("tiny")), name="second")
-    with pytest.raises(PluginError, match=r"'tiny' is registered by two plugins: '\w+' and '\w+'") as e:
+    with pytest.raises(
+        PluginError, match=r"'tiny' is registered by two plugins: '\w+' and '\w+'"
+    ) as e:
         pm.algorithms()
     assert "first" in str(e.value) and "second" in str(e.value)
 
@@ -66,7 +72,7 @@ def test_two_plugins_with_the_same_algorithm_name_are_refused(pm):
 def test_registering_something_else_names_plugin_and_hook(pm):
     class Wrong:
         @mprl.hookimpl
-        def mprl_register_algorithms(self, register):  # noqa: ANN001, ANN201
+        def mprl_register_algorithms(self, register):
             register({"name": "tiny"})
 
     pm.register(Wrong(), name="wrong-plugin")
@@ -77,7 +83,7 @@ def test_registering_something_else_names_plugin_and_hook(pm):
 def test_a_hook_that_raises_is_reported_with_its_plugin(pm):
     class Raises:
         @mprl.hookimpl
-        def mprl_register_algorithms(self, register):  # noqa: ANN001, ANN201
+        def mprl_register_algorithms(self, register):
             raise KeyError("oops")
 
     pm.register(Raises(), name="raiser")
@@ -88,18 +94,20 @@ def test_a_hook_that_raises_is_reported_with_its_plugin(pm):
 def test_misspelt_hook_fails_loudly_naming_the_plugin(pm):
     class Misspelt:
         @mprl.hookimpl
-        def mprl_register_algorithm(self, register):  # noqa: ANN001, ANN201 - missing "s"
+        def mprl_register_algorithm(self, register):
             pass
 
     pm.register(Misspelt(), name="typo")
-    with pytest.raises(PluginError, match=r"'typo'.*mprl_register_algorithm.*mprl_register_algorithms"):
+    with pytest.raises(
+        PluginError, match=r"'typo'.*mprl_register_algorithm.*mprl_register_algorithms"
+    ):
         pm.check()
 
 
 def test_hook_with_unknown_argument_is_rejected_at_registration(pm):
     class BadArgs:
         @mprl.hookimpl
-        def mprl_make_env(self, env_name):  # noqa: ANN001, ANN201 - not a spec argument
+        def mprl_make_env(self, env_name):
             return None
 
     with pytest.raises(PluginError, match=r"env_name"):
@@ -109,7 +117,7 @@ def test_hook_with_unknown_argument_is_rejected_at_registration(pm):
 def test_make_env_firstresult_plugin_wins_and_builtin_is_fallback(pm):
     class Envs:
         @mprl.hookimpl
-        def mprl_make_env(self, env_id, rank):  # noqa: ANN001, ANN201
+        def mprl_make_env(self, env_id, rank):
             return Corridor() if env_id == "Corridor-v0" else None
 
     pm.register(Envs(), name="envs")
@@ -122,7 +130,7 @@ def test_make_env_firstresult_plugin_wins_and_builtin_is_fallback(pm):
 def test_make_env_wrong_type_names_the_plugin(pm):
     class BadEnv:
         @mprl.hookimpl
-        def mprl_make_env(self, env_id):  # noqa: ANN001, ANN201
+        def mprl_make_env(self, env_id):
             return "CartPole-v1"
 
     pm.register(BadEnv(), name="bad-env")
@@ -174,15 +182,15 @@ def test_run_start_and_end_hooks_see_the_run(pm, installed, tmp_path):
 
     class Watcher:
         @mprl.hookimpl
-        def mprl_run_start(self, run):  # noqa: ANN001, ANN201
+        def mprl_run_start(self, run):
             seen["start"] = (run.algorithm, run.run.env, run.run_dir)
 
         @mprl.hookimpl
-        def mprl_report_metrics(self, records):  # noqa: ANN001, ANN201
+        def mprl_report_metrics(self, records):
             seen.setdefault("records", []).extend(records)
 
         @mprl.hookimpl
-        def mprl_run_end(self, summary):  # noqa: ANN001, ANN201
+        def mprl_run_end(self, summary):
             seen["end"] = summary
 
     full = get_plugin_manager()
@@ -199,9 +207,11 @@ def test_run_start_and_end_hooks_see_the_run(pm, installed, tmp_path):
 
 def test_wrong_algorithm_declarations_are_refused_at_registration():
     with pytest.raises(PluginError, match="lambda"):
-        mprl.Algorithm(name="x", config_cls=TinyConfig, make_model=tiny_model, worker=lambda ctx: None)
+        mprl.Algorithm(
+            name="x", config_cls=TinyConfig, make_model=tiny_model, worker=lambda ctx: None
+        )
 
-    def nested(ctx):  # noqa: ANN001, ANN202
+    def nested(ctx):
         pass
 
     with pytest.raises(PluginError, match="top level"):

@@ -21,7 +21,9 @@ def read_metrics(run_dir: Path) -> list[dict]:
 
 
 def test_a3c_short_run_updates_the_shared_model_and_writes_the_run_dir(run_dir):
-    summary = mprl.run("a3c", workers=2, total_steps=20_000, seed=3, run_dir=run_dir, progress="none")
+    summary = mprl.run(
+        "a3c", workers=2, total_steps=20_000, seed=3, run_dir=run_dir, progress="none"
+    )
     assert summary.status == "finished" and summary.stop_reason == "total steps reached"
     assert summary.env_steps >= 20_000 and summary.episodes > 0
     assert len(summary.per_worker_steps) == 2 and min(summary.per_worker_steps) > 0
@@ -81,9 +83,7 @@ def test_entry_point_plugin_runs_inside_spawned_workers(installed, run_dir):
 def test_worker_crash_stops_the_run_with_its_traceback(installed, run_dir, capfd):
     start = time.monotonic()
     with pytest.raises(mprl.RunFailed, match=r"worker \d exited with code 1") as err:
-        mprl.run(
-            "probe", workers=2, config={"crash_at_step": 25}, run_dir=run_dir, progress="none"
-        )
+        mprl.run("probe", workers=2, config={"crash_at_step": 25}, run_dir=run_dir, progress="none")
     assert time.monotonic() - start < 30
     stderr = capfd.readouterr().err
     assert "--- traceback of worker" in stderr

@@ -117,17 +117,29 @@ def test_tensor_only_schema_needs_no_manager():
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
-        ({"modes": [True, True]}, r"'modes': \[True, True\] is not a field declaration; use one of"),
-        ({"modes": s.PerWorker(object())}, r"'modes' \(PerWorker\): initial value .* must be a scalar"),
+        (
+            {"modes": [True, True]},
+            r"'modes': \[True, True\] is not a field declaration; use one of",
+        ),
+        (
+            {"modes": s.PerWorker(object())},
+            r"'modes' \(PerWorker\): initial value .* must be a scalar",
+        ),
         ({"_private": s.Lock()}, r"'_private': not a valid name"),
         ({"class": s.Lock()}, r"'class': not a valid name"),
         ({"v": s.Value("q!", 0)}, r"'v' \(Value\): typecode 'q!' is not one of"),
         ({"v": s.Value("i", "text")}, r"'v' \(Value\)"),
-        ({"a": s.Array("d", "everyone")}, r"'a' \(Array\): size 'everyone' must be an int, 'workers' or 'all'"),
+        (
+            {"a": s.Array("d", "everyone")},
+            r"'a' \(Array\): size 'everyone' must be an int, 'workers' or 'all'",
+        ),
         ({"b": s.Barrier(0)}, r"'b' \(Barrier\): size 0 must be >= 1"),
         ({"q": s.Queue(-1)}, r"'q' \(Queue\): maxsize -1 must be an int >= 0"),
         ({"t": s.Tensor(shape=())}, r"'t' \(Tensor\): shape must have at least one dimension"),
-        ({"t": s.Tensor(shape=(2,), dtype="float")}, r"'t' \(Tensor\): dtype 'float' must be a torch.dtype"),
+        (
+            {"t": s.Tensor(shape=(2,), dtype="float")},
+            r"'t' \(Tensor\): dtype 'float' must be a torch.dtype",
+        ),
         ({"d": s.Dict([1, 2])}, r"'d' \(Dict\): initial value \[1, 2\] must be a mapping"),
         ({"n": s.Namespace({"not ok": 1})}, r"'n' \(Namespace\): attribute names \['not ok'\]"),
         ({"l": s.List("abc")}, r"'l' \(List\): initial value 'abc' must be a list or tuple"),

@@ -23,5 +23,5 @@ ALGORITHM = mprl.Algorithm(
 
 
 @mprl.hookimpl
-def mprl_register_algorithms(register):  # noqa: ANN001, ANN201 - hook signature is in hookspecs
+def mprl_register_algorithms(register):
     register(ALGORITHM)

@@ -30,12 +30,12 @@ class Corridor(gym.Env):
         self.length = length
         self.pos = 0
 
-    def reset(self, *, seed=None, options=None):  # noqa: ANN001, ANN201
+    def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
         self.pos = 0
         return np.zeros(1, dtype=np.float32), {}
 
-    def step(self, action):  # noqa: ANN001, ANN201
+    def step(self, action):
         self.pos += 1
         obs = np.array([self.pos / self.length], dtype=np.float32)
         return obs, 1.0, self.pos >= self.length, False, {}
@@ -51,16 +51,20 @@ class Switches(Corridor):
 
 @attrs.frozen
 class ProbeConfig:
-    crash_at_step: int = attrs.field(default=-1, metadata={"help": "raise at this step (-1: never)"})
-    exit_code: int = attrs.field(default=0, metadata={"help": "os._exit with this code at crash_at_step"})
+    crash_at_step: int = attrs.field(
+        default=-1, metadata={"help": "raise at this step (-1: never)"}
+    )
+    exit_code: int = attrs.field(
+        default=0, metadata={"help": "os._exit with this code at crash_at_step"}
+    )
     step_sleep: float = attrs.field(default=0.0, metadata={"help": "seconds to sleep per step"})
 
 
-def make_model(obs_space, act_space, config):  # noqa: ANN001, ANN201
+def make_model(obs_space, act_space, config):
     return torch.nn.Linear(int(np.prod(obs_space.shape)), 2)
 
 
-def make_optimizer(params, config):  # noqa: ANN001, ANN201
+def make_optimizer(params, config):
     return torch.optim.SGD(params, lr=0.1)
 
 
@@ -111,7 +115,7 @@ def probe_train(ctx: mprl.Context) -> None:
 
 
 @mprl.hookimpl
-def mprl_register_algorithms(register):  # noqa: ANN001, ANN201
+def mprl_register_algorithms(register):
     register(
         mprl.Algorithm(
             name="probe",
@@ -128,7 +132,7 @@ def mprl_register_algorithms(register):  # noqa: ANN001, ANN201
 
 
 @mprl.hookimpl
-def mprl_make_env(env_id):  # noqa: ANN001, ANN201
+def mprl_make_env(env_id):
     if env_id == "Corridor-v0":
         return gym.wrappers.TimeLimit(Corridor(), 50)
     if env_id == "Switches-v0":
