@@ -23,7 +23,9 @@ __version__ = "0.1.0"
 @attrs.frozen
 class Config:
     lr: float = attrs.field(default=1e-2, validator=v.gt(0), metadata={"help": "Adam step size"})
-    gamma: float = attrs.field(default=0.99, validator=v.and_(v.gt(0), v.le(1)), metadata={"help": "discount"})
+    gamma: float = attrs.field(
+        default=0.99, validator=v.and_(v.gt(0), v.le(1)), metadata={"help": "discount"}
+    )
     hidden: int = attrs.field(default=32, validator=v.ge(1), metadata={"help": "hidden units"})
 
 
@@ -35,10 +37,12 @@ SCHEMA = schema.Schema(
 
 def make_model(obs_space: gym.Space, act_space: gym.Space, config: Config) -> nn.Module:
     n_obs = int(np.prod(obs_space.shape))
-    return nn.Sequential(nn.Linear(n_obs, config.hidden), nn.Tanh(), nn.Linear(config.hidden, act_space.n))
+    return nn.Sequential(
+        nn.Linear(n_obs, config.hidden), nn.Tanh(), nn.Linear(config.hidden, act_space.n)
+    )
 
 
-def make_optimizer(params, config: Config) -> torch.optim.Optimizer:  # noqa: ANN001
+def make_optimizer(params, config: Config) -> torch.optim.Optimizer:
     return torch.optim.Adam(params, lr=config.lr)
 
 
@@ -75,7 +79,7 @@ def worker(ctx: mprl.Context) -> None:
 
 
 @mprl.hookimpl
-def mprl_register_algorithms(register):  # noqa: ANN001, ANN201
+def mprl_register_algorithms(register):
     register(
         mprl.Algorithm(
             name="reinforce",
