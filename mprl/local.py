@@ -92,13 +92,19 @@ def _describe_exit(code: int | None) -> str:
 
 @contextlib.contextmanager
 def _child_environment(threads: int) -> Iterator[None]:
-    """Environment variables spawned children start with (restored afterwards)."""
+    """What spawned children start with: thread counts, and SIGINT blocked.
+
+    The signal mask survives exec, so a Ctrl-C while a child is still importing cannot print a
+    KeyboardInterrupt traceback there; the main process gets its Ctrl-C once starting is over.
+    """
     saved = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
     for key in saved:
         os.environ.setdefault(key, str(threads))
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         yield
     finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)
@@ -132,11 +138,6 @@ class LocalBackend:
         records = ctx.Queue()
         children: list[_Child] = []
         try:
-            if job.algorithm.schema.needs_manager():
-                server = SyncManager(ctx=ctx)
-                server.start(initializer=_ignore_sigint)
-                manager = server
-            state = job.algorithm.schema.build(manager, n)
             channel = LocalChannel(
                 control=torch.zeros(2, dtype=torch.int64).share_memory_(),
                 steps=torch.zeros(n + 1, dtype=torch.int64).share_memory_(),
@@ -144,6 +145,11 @@ class LocalBackend:
             )
             roles = [("worker", r) for r in range(n)] + ([("trainer", -1)] if has_trainer else [])
             with _child_environment(threads):
+                if job.algorithm.schema.needs_manager():
+                    server = SyncManager(ctx=ctx)
+                    server.start(initializer=_ignore_sigint)
+                    manager = server
+                state = job.algorithm.schema.build(manager, n)
                 for i, (role, rank) in enumerate(roles):
                     fn = job.algorithm.worker if role == "worker" else job.algorithm.train
                     context = Context(

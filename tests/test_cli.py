@@ -126,6 +126,7 @@ def test_signal_stops_cleanly_with_checkpoint_and_exit_code(tmp_path, sig, code)
     assert proc.returncode == code, stderr
     assert took < 10
     assert "KeyboardInterrupt" not in stderr and "Traceback" not in stderr
+    assert "leaked" not in stderr
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "interrupted" and summary["stop_reason"] == sig.name
     ckpt = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=False)

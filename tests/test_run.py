@@ -65,7 +65,15 @@ def test_a3c_short_run_updates_the_shared_model_and_writes_the_run_dir(run_dir):
 
 
 def test_entry_point_plugin_runs_inside_spawned_workers(installed, run_dir):
-    summary = mprl.run("probe", workers=2, total_steps=300, run_dir=run_dir, progress="none")
+    # both workers step for about a second: each reports episodes whatever the scheduler does
+    summary = mprl.run(
+        "probe",
+        workers=2,
+        total_steps=2000,
+        config={"step_sleep": 0.001},
+        run_dir=run_dir,
+        progress="none",
+    )
     records = read_metrics(run_dir)
     envs = {(r["rank"], r["env"], r["pid"]) for r in records if "env" in r}
     ranks = {rank for rank, _, _ in envs}
@@ -78,6 +86,32 @@ def test_entry_point_plugin_runs_inside_spawned_workers(installed, run_dir):
     # the train process read the shared state the workers wrote (Manager list and shared tensor)
     assert trainer["trainer_saw_visits"] >= 2
     assert trainer["trainer_seen"] == pytest.approx(summary.env_steps, abs=4)
+
+
+def _starts(run_dir: Path) -> dict[int, dict]:
+    return {r["rank"]: r for r in read_metrics(run_dir) if "started" in r}
+
+
+def test_seeds_threads_and_start_interval(installed, tmp_path):
+    def go(name: str, **kw: object) -> dict[int, dict]:
+        mprl.run(
+            "probe", workers=2, total_steps=100, run_dir=tmp_path / name, progress="none", **kw
+        )
+        return _starts(tmp_path / name)
+
+    first = go("a", seed=5, start_interval=1.5)
+    again = go("b", seed=5, torch_threads=2)
+    other = go("c", seed=6)
+    # per-process seeds derive from the run seed: distinct per rank, stable per run seed
+    assert first[0]["seed"] != first[1]["seed"]
+    assert [first[r]["seed"] for r in (0, 1)] == [again[r]["seed"] for r in (0, 1)]
+    assert {other[r]["seed"] for r in (0, 1)}.isdisjoint({first[r]["seed"] for r in (0, 1)})
+    # two cores shared by two workers and a train process: one torch thread each by default
+    assert {first[r]["threads"] for r in (0, 1)} == {1}
+    assert {again[r]["threads"] for r in (0, 1)} == {2}
+    # worker 1 was started 1.5 s after worker 0 (its import time may differ a little)
+    assert first[1]["started"] - first[0]["started"] > 1.0
+    assert abs(other[1]["started"] - other[0]["started"]) < 1.0
 
 
 def test_worker_crash_stops_the_run_with_its_traceback(installed, run_dir, capfd):

@@ -81,6 +81,7 @@ def probe_worker(ctx: mprl.Context) -> None:
     env = ctx.make_env(0)
     with ctx.state.lock:
         ctx.state.envs[ctx.rank] = type(env.unwrapped).__name__
+    ctx.log(started=time.time(), seed=ctx.seed, threads=torch.get_num_threads(), rank=ctx.rank)
     ctx.state.started.wait(timeout=60)  # every worker steps, however slowly the others start
     obs, _ = env.reset()
     ret, length, steps = 0.0, 0, 0
