@@ -15,6 +15,7 @@ import queue
 import random
 import signal
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -33,14 +34,15 @@ from mprl.context import Context, derive_seed
 STOP_GRACE_S = 5.0
 KILL_GRACE_S = 2.0
 TICK_S = 0.25
-_STOP, _FAILED = 0, 1  # indices into the control tensor
+_STOP = 0  # index of the stop flag in the control tensor
+PARENT_DIED_EXIT = 70  # a child's exit code when it left because the main process died
 
 
 @attrs.define(eq=False)
 class LocalChannel:
     """Shared-memory control block and a metrics queue; nothing here talks to the Manager."""
 
-    control: torch.Tensor  # int64 [stop flag, failed flag]
+    control: torch.Tensor  # int64 [stop flag]
     steps: torch.Tensor  # int64, one slot per worker + one for the train process
     records: Any  # multiprocessing.Queue of dict records
 
@@ -57,14 +59,26 @@ class LocalChannel:
         self.records.put(record)
 
 
-def _ignore_sigint() -> None:
-    # Ctrl-C reaches the whole process group; only the main process decides what it means.
+def _init_child() -> None:
+    """First thing in every child, the Manager server included.
+
+    Ctrl-C reaches the whole process group, but only the main process decides what it means.
+    If the main process dies without stopping us (SIGKILL, OOM), exit: nothing else would.
+    """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    parent = mp.parent_process()
+    if parent is not None:
+
+        def exit_with_parent() -> None:
+            parent.join()  # returns when the parent's end of the sentinel pipe closes
+            os._exit(PARENT_DIED_EXIT)
+
+        threading.Thread(target=exit_with_parent, name="mprl-parent-watch", daemon=True).start()
 
 
 def _child_main(fn: Callable[[Context], None], ctx: Context, threads: int) -> None:
     """Entry point of every spawned child: seed, limit threads, run, report a crash."""
-    _ignore_sigint()
+    _init_child()
     torch.set_num_threads(threads)
     random.seed(ctx.seed)
     np.random.seed(ctx.seed)
@@ -139,7 +153,7 @@ class LocalBackend:
         children: list[_Child] = []
         try:
             channel = LocalChannel(
-                control=torch.zeros(2, dtype=torch.int64).share_memory_(),
+                control=torch.zeros(1, dtype=torch.int64).share_memory_(),
                 steps=torch.zeros(n + 1, dtype=torch.int64).share_memory_(),
                 records=records,
             )
@@ -147,7 +161,7 @@ class LocalBackend:
             with _child_environment(threads):
                 if job.algorithm.schema.needs_manager():
                     server = SyncManager(ctx=ctx)
-                    server.start(initializer=_ignore_sigint)
+                    server.start(initializer=_init_child)
                     manager = server
                 state = job.algorithm.schema.build(manager, n)
                 for i, (role, rank) in enumerate(roles):

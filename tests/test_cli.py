@@ -145,3 +145,24 @@ def test_a3c_defaults_solve_cartpole(tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["solved"] and summary["mean_return_100"] >= 475
     assert summary["stop_reason"] == "solved"
+
+
+def test_children_exit_by_themselves_when_the_main_process_is_killed(installed, tmp_path):
+    run_dir = tmp_path / "run"
+    # probe has a Manager (its schema) and a train process: every kind of child is there
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mprl", "run", "--plugin", "probe", "--workers", "2",
+         "--set", "step_sleep=0.01", "--run-dir", str(run_dir), "--quiet"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    _wait_for_steps(run_dir)
+    kids = child_pids(proc.pid)
+    assert len(kids) >= 4  # Manager server, two workers, train process (+ resource tracker)
+    proc.kill()
+    proc.wait()
+    start = time.monotonic()
+    while [k for k in kids if alive(k)] and time.monotonic() - start < 10:
+        time.sleep(0.1)
+    left = [k for k in kids if alive(k)]
+    assert not left, f"children still alive {time.monotonic() - start:.1f} s after SIGKILL"
+    assert time.monotonic() - start < 5
