@@ -43,7 +43,7 @@ class ChildFailure:
 
     @property
     def who(self) -> str:
-        return self.role if self.role == "trainer" else f"{self.role} {self.rank}"
+        return self.role if self.rank < 0 else f"{self.role} {self.rank}"
 
 
 @attrs.frozen

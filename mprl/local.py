@@ -9,6 +9,7 @@ crashed child stops the run instead of hanging ``join()``.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import multiprocessing as mp
 import os
 import queue
@@ -35,6 +36,7 @@ STOP_GRACE_S = 5.0
 KILL_GRACE_S = 2.0
 TICK_S = 0.25
 _STOP = 0  # index of the stop flag in the control tensor
+_STOP_SIGNALS = (-signal.SIGTERM, -signal.SIGINT)
 PARENT_DIED_EXIT = 70  # a child's exit code when it left because the main process died
 
 
@@ -59,12 +61,19 @@ class LocalChannel:
         self.records.put(record)
 
 
-def _init_child() -> None:
+def _set_process_name(name: str) -> None:
+    """Show ``name`` in ps / top (Linux: the 15-character comm field)."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None).prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME
+
+
+def _init_child(name: str) -> None:
     """First thing in every child, the Manager server included.
 
     Ctrl-C reaches the whole process group, but only the main process decides what it means.
     If the main process dies without stopping us (SIGKILL, OOM), exit: nothing else would.
     """
+    _set_process_name(name)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     parent = mp.parent_process()
     if parent is not None:
@@ -78,7 +87,7 @@ def _init_child() -> None:
 
 def _child_main(fn: Callable[[Context], None], ctx: Context, threads: int) -> None:
     """Entry point of every spawned child: seed, limit threads, run, report a crash."""
-    _init_child()
+    _init_child(mp.current_process().name)
     torch.set_num_threads(threads)
     random.seed(ctx.seed)
     np.random.seed(ctx.seed)
@@ -161,7 +170,7 @@ class LocalBackend:
             with _child_environment(threads):
                 if job.algorithm.schema.needs_manager():
                     server = SyncManager(ctx=ctx)
-                    server.start(initializer=_init_child)
+                    server.start(initializer=_init_child, initargs=("mprl-manager",))
                     manager = server
                 state = job.algorithm.schema.build(manager, n)
                 for i, (role, rank) in enumerate(roles):
@@ -187,7 +196,8 @@ class LocalBackend:
                     children.append(_Child(role, rank, proc))
                     if role == "worker" and job.run.start_interval and i < n - 1:
                         time.sleep(job.run.start_interval)
-            reason, failures = self._supervise(children, channel, monitor)
+            server_process = manager._process if manager is not None else None  # type: ignore[attr-defined]
+            reason, failures = self._supervise(children, channel, monitor, server_process)
             channel.control[_STOP] = 1
             failures += self._stop(children, channel, monitor)
             return Outcome(stop_reason=reason, failures=failures)
@@ -202,12 +212,16 @@ class LocalBackend:
                 manager.shutdown()
 
     def _supervise(
-        self, children: list[_Child], channel: LocalChannel, monitor: Monitor
+        self, children: list[_Child], channel: LocalChannel, monitor: Monitor, server: Any
     ) -> tuple[str, list[ChildFailure]]:
+        """Watch every child (and the Manager server) until the run should stop."""
         errors: dict[str, str] = {}
         while True:
             self._drain(channel, monitor, errors)
             failures = []
+            if server is not None and server.exitcode is not None:
+                reason = f"{_describe_exit(server.exitcode)} (shared state is lost)"
+                failures.append(ChildFailure("Manager server", -1, server.exitcode, reason))
             for child in children:
                 code = child.process.exitcode
                 if code is None or child.done:
@@ -220,6 +234,14 @@ class LocalBackend:
                         ChildFailure(child.role, child.rank, code, _describe_exit(code), tb)
                     )
             if failures:
+                if all(f.exitcode in _STOP_SIGNALS for f in failures):
+                    # SIGTERM / SIGINT sent to the whole process group (timeout, systemd,
+                    # docker stop) also reaches the main process: then it is a stop, not a crash
+                    time.sleep(0.1)  # let the main process's signal handler run
+                    per_worker = channel.steps.tolist()
+                    reason = monitor.on_tick(sum(per_worker), per_worker)
+                    if reason is not None and reason.startswith("SIG"):
+                        return reason, []
                 return "failed", failures
             workers = [c for c in children if c.role == "worker"]
             if all(c.done for c in workers):
@@ -230,7 +252,8 @@ class LocalBackend:
             reason = monitor.on_tick(sum(per_worker), per_worker)
             if reason:
                 return reason, []
-            wait([c.process.sentinel for c in children if not c.done], timeout=TICK_S)
+            sentinels = [c.process.sentinel for c in children if not c.done]
+            wait(sentinels + ([server.sentinel] if server is not None else []), timeout=TICK_S)
 
     def _stop(
         self, children: list[_Child], channel: LocalChannel, monitor: Monitor

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -94,12 +98,32 @@ def test_run_help_with_plugin_lists_its_config_fields():
     assert "Adam learning rate" in proc.stdout
 
 
-def _start_run(run_dir, *extra: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "mprl", "run", "--plugin", "a3c", "--workers", "2",
-         "--total-steps", "100000000", "--set", "lr=1e-6", "--run-dir", str(run_dir), *extra],
+@contextlib.contextmanager
+def running(args: list[str]) -> Iterator[subprocess.Popen[str]]:
+    """A CLI run in the background, killed if the test ends before it does."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mprl", "run", *args],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+
+
+A3C_FOREVER = [
+    "--plugin",
+    "a3c",
+    "--workers",
+    "2",
+    "--total-steps",
+    "100000000",
+    "--set",
+    "lr=1e-6",
+]
+PROBE_FOREVER = ["--plugin", "probe", "--workers", "2", "--set", "step_sleep=0.01", "--quiet"]
 
 
 def _wait_for_steps(run_dir, timeout: float = 60) -> None:
@@ -115,14 +139,14 @@ def _wait_for_steps(run_dir, timeout: float = 60) -> None:
 @pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_signal_stops_cleanly_with_checkpoint_and_exit_code(tmp_path, sig, code):
     run_dir = tmp_path / "run"
-    proc = _start_run(run_dir)
-    _wait_for_steps(run_dir)
-    kids = child_pids(proc.pid)
-    assert len(kids) >= 3  # two workers and the Manager-less run still has a resource tracker
-    start = time.monotonic()
-    proc.send_signal(sig)
-    _, stderr = proc.communicate(timeout=30)
-    took = time.monotonic() - start
+    with running([*A3C_FOREVER, "--run-dir", str(run_dir)]) as proc:
+        _wait_for_steps(run_dir)
+        kids = child_pids(proc.pid)
+        assert len(kids) >= 3  # two workers and multiprocessing's resource tracker
+        start = time.monotonic()
+        proc.send_signal(sig)
+        _, stderr = proc.communicate(timeout=30)
+        took = time.monotonic() - start
     assert proc.returncode == code, stderr
     assert took < 10
     assert "KeyboardInterrupt" not in stderr and "Traceback" not in stderr
@@ -135,6 +159,19 @@ def test_signal_stops_cleanly_with_checkpoint_and_exit_code(tmp_path, sig, code)
     while [k for k in kids if alive(k)] and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not [k for k in kids if alive(k)], "children outlived the run"
+
+
+def test_sigterm_to_the_whole_process_group_is_a_clean_stop(installed, tmp_path):
+    run_dir = tmp_path / "run"
+    with running(["--plugin", "probe", "--workers", "2", "--set", "step_sleep=0.01", "--quiet",
+                  "--run-dir", str(run_dir)]) as proc:  # fmt: skip
+        _wait_for_steps(run_dir)
+        for pid in [proc.pid, *child_pids(proc.pid)]:  # what `kill -TERM -PGID` would do
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 143, stderr
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "interrupted"
 
 
 @pytest.mark.slow
@@ -150,19 +187,42 @@ def test_a3c_defaults_solve_cartpole(tmp_path):
 def test_children_exit_by_themselves_when_the_main_process_is_killed(installed, tmp_path):
     run_dir = tmp_path / "run"
     # probe has a Manager (its schema) and a train process: every kind of child is there
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "mprl", "run", "--plugin", "probe", "--workers", "2",
-         "--set", "step_sleep=0.01", "--run-dir", str(run_dir), "--quiet"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    _wait_for_steps(run_dir)
-    kids = child_pids(proc.pid)
-    assert len(kids) >= 4  # Manager server, two workers, train process (+ resource tracker)
-    proc.kill()
-    proc.wait()
-    start = time.monotonic()
-    while [k for k in kids if alive(k)] and time.monotonic() - start < 10:
-        time.sleep(0.1)
+    with running([*PROBE_FOREVER, "--run-dir", str(run_dir)]) as proc:
+        _wait_for_steps(run_dir)
+        kids = child_pids(proc.pid)
+        assert len(kids) >= 4  # Manager server, two workers, train process (+ resource tracker)
+        proc.kill()
+        proc.wait()
+        start = time.monotonic()
+        while [k for k in kids if alive(k)] and time.monotonic() - start < 10:
+            time.sleep(0.1)
     left = [k for k in kids if alive(k)]
     assert not left, f"children still alive {time.monotonic() - start:.1f} s after SIGKILL"
     assert time.monotonic() - start < 5
+
+
+def test_a_dead_manager_server_aborts_the_run_naming_it(installed, tmp_path):
+    run_dir = tmp_path / "run"
+    with running([*PROBE_FOREVER, "--run-dir", str(run_dir)]) as proc:
+        _wait_for_steps(run_dir)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # children name themselves once they are up
+            names = {k: _comm(k) for k in child_pids(proc.pid)}
+            if {"mprl-worker-0", "mprl-worker-1", "mprl-trainer"} <= set(names.values()):
+                break
+            time.sleep(0.2)
+        (server,) = [k for k, name in names.items() if name == "mprl-manager"]
+        os.kill(server, signal.SIGKILL)
+        start = time.monotonic()
+        _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 1
+    assert "Manager server killed by signal SIGKILL" in stderr
+    assert time.monotonic() - start < 15
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "failed"
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
