@@ -4,7 +4,6 @@ check that no process or shared-memory segment outlives a test."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -143,12 +142,3 @@ def no_leftovers() -> Iterator[None]:
 @pytest.fixture
 def run_dir(tmp_path: Path) -> Path:
     return tmp_path / "run"
-
-
-@pytest.fixture(scope="session")
-def repo() -> Path:
-    return REPO
-
-
-def rmtree(path: Path) -> None:
-    shutil.rmtree(path, ignore_errors=True)
