@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 
     from mprl.algorithm import Algorithm
     from mprl.runner import RunConfig
+    from mprl.schema import SharedState
 
 
 @attrs.frozen
@@ -29,6 +30,12 @@ class Job:
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer | None
     blocked_plugins: tuple[str, ...] = ()
+    #: env steps per counter slot (workers..., train process, steps of earlier sessions)
+    initial_steps: tuple[int, ...] = ()
+    #: shared-state data from the checkpoint a resumed run starts from
+    state_snapshot: Mapping[str, Any] = attrs.field(factory=dict)
+    #: 0 for a new run, 1 after the first resume, ...; part of every child's seed
+    session: int = 0
 
 
 @attrs.frozen
@@ -52,10 +59,22 @@ class Outcome:
 
     stop_reason: str
     failures: Sequence[ChildFailure] = ()
+    restarts: Sequence[int] = ()  # per worker rank
 
 
 class Monitor(Protocol):
     """The runner's side of a job, called by the backend in the main process."""
+
+    def on_start(self, state: SharedState) -> None:
+        """The shared state is built (and restored on resume); children start next."""
+
+    def on_event(self, record: Mapping[str, Any]) -> None:
+        """A supervision event to log and show: ``record["event"]`` is ``"restart"``,
+        ``"terminate"``, ``"kill"`` ..., ``record["message"]`` says it in words."""
+
+    def on_stop(self, per_slot_steps: Sequence[int]) -> None:
+        """Every child has stopped; the shared state is still readable (final checkpoint).
+        ``per_slot_steps`` are the final counters, as in :meth:`on_tick`."""
 
     def on_records(self, records: Sequence[Mapping[str, Any]]) -> None:
         """New metric records from the children."""

@@ -15,9 +15,17 @@ from typing import Any
 import attrs
 
 from mprl import __version__
-from mprl.config import describe_fields, load_toml, parse_assignments
+from mprl.config import (
+    build,
+    describe_fields,
+    fields_of,
+    load_toml,
+    parse_assignments,
+    parse_value,
+)
 from mprl.errors import RunFailed, UsageError
 from mprl.plugins import PluginManager, get_plugin_manager
+from mprl.runner import RunConfig
 
 EXIT_FAILED, EXIT_USAGE = 1, 2
 
@@ -55,12 +63,11 @@ def _parser() -> argparse.ArgumentParser:
         "-h", "--help", action="store_true", help="show this help (with --plugin: its config)"
     )
     run.add_argument("--plugin", help="algorithm to run (see `python -m mprl plugins`)")
-    run.add_argument("--env", help="gymnasium env id (default: the algorithm's, CartPole-v1)")
-    run.add_argument("--workers", type=int, help="worker processes (default: number of cores)")
-    run.add_argument("--seed", type=int, help="run seed (default 0)")
     run.add_argument(
-        "--total-steps", type=float, help="stop after N env steps (default: when solved)"
-    )
+        "--resume", metavar="RUN_DIR",
+        help="continue RUN_DIR (or a checkpoint file) from its last checkpoint; flags and --set "
+        "given with it override the checkpoint's",
+    )  # fmt: skip
     run.add_argument("--run-dir", help="run directory (default: runs/PLUGIN-ENV-TIME-PID)")
     run.add_argument(
         "--config", metavar="FILE.toml", help="algorithm config; a [run] table sets run options"
@@ -69,10 +76,13 @@ def _parser() -> argparse.ArgumentParser:
         "--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE",
         help="set an algorithm config field (repeatable), e.g. --set lr=0.0005",
     )  # fmt: skip
-    run.add_argument(
-        "--start-interval", type=float, help="seconds between worker starts (default 0)"
-    )
-    run.add_argument("--backend", help="execution backend (default: local)")
+    options = run.add_argument_group("run options (also settable in the [run] table)")
+    for name, type_name, default, text in describe_fields(RunConfig):
+        options.add_argument(
+            "--" + name.replace("_", "-"), dest=f"run_{name}",
+            metavar=type_name.split(" | ")[0].upper(),
+            help=f"{text} [default {default}]" if "default" not in text else text,
+        )  # fmt: skip
     run.add_argument("--quiet", "-q", action="store_true", help="no progress display")
 
     plugins = sub.add_parser("plugins", parents=[common], help="list installed plugins")
@@ -111,9 +121,9 @@ def _cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             text += "\nGive --plugin NAME with --help to list that algorithm's config fields."
         print(text)
         return 0
-    if not args.plugin:
+    if not args.plugin and not args.resume:
         installed = ", ".join(sorted(pm.algorithms())) or "none"
-        raise UsageError(f"run needs --plugin NAME; installed: {installed}")
+        raise UsageError(f"run needs --plugin NAME (or --resume RUN_DIR); installed: {installed}")
     config: dict[str, Any] = {}
     options: dict[str, Any] = {}
     if args.config:
@@ -124,20 +134,20 @@ def _cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         options.update(run_table)
         config.update(data)
     config.update(parse_assignments(args.assignments))
-    for key in ("env", "workers", "seed", "total_steps", "start_interval", "backend"):
-        value = getattr(args, key)
-        if value is not None:
-            options[key] = value
-    if options.get("total_steps") is not None and float(options["total_steps"]).is_integer():
-        options["total_steps"] = int(options["total_steps"])
+    flags = {}
+    for name, field in fields_of(RunConfig).items():
+        text = getattr(args, f"run_{name}")
+        if text is not None:
+            flags[name] = text if field.type is str else parse_value(text)
     try:
         summary = run(
             args.plugin,
             config=config,
             run_dir=args.run_dir,
+            resume=args.resume,
             progress="none" if args.quiet else "auto",
             plugins=pm,
-            **_run_options(options, args.config),
+            **{**_run_options(options, args.config), **_run_options(flags, None)},
         )
     except RunFailed as exc:
         print(f"mprl: run failed: {exc}", file=sys.stderr)
@@ -153,10 +163,8 @@ def _cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 def _run_options(options: dict[str, Any], source: str | None) -> dict[str, Any]:
-    """Run options from the [run] table and flags, checked against RunConfig's fields."""
-    from mprl.config import build
-    from mprl.runner import RunConfig
-
+    """Run options from the [run] table or flags, checked against RunConfig's fields, so an
+    error names the file or the flag."""
     where = f"config file {source!r} [run]" if source else "run option"
     checked = build(RunConfig, options, source=where)
     return {k: getattr(checked, k) for k in options}

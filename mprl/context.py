@@ -20,10 +20,11 @@ if TYPE_CHECKING:
 class Channel(Protocol):
     """What a backend provides to the processes it runs (see :mod:`mprl.local`)."""
 
-    def should_stop(self) -> bool: ...
+    def should_stop(self, slot: int) -> bool: ...
     def add_steps(self, slot: int, n: int) -> None: ...
+    def beat(self, slot: int) -> None: ...
     def env_steps(self) -> int: ...
-    def send(self, record: dict[str, Any]) -> None: ...
+    def send(self, slot: int, record: dict[str, Any]) -> None: ...
 
 
 def derive_seed(*parts: int) -> int:
@@ -43,13 +44,14 @@ class Context:
     :ivar role: ``"worker"`` or ``"trainer"``.
     :ivar rank: the worker's rank ``0..n_workers-1``; ``-1`` for the train process.
     :ivar n_workers: how many workers the run has.
-    :ivar seed: this process's seed, derived from the run seed and the rank (torch, numpy and
-        ``random`` are already seeded with it).
+    :ivar seed: this process's seed, derived from the run seed, the rank and the restart count
+        (torch, numpy and ``random`` are already seeded with it).
     :ivar config: the algorithm's config instance.
     :ivar run: the run's :class:`mprl.RunConfig` (env id, workers, seed, step budget).
     :ivar state: the shared state built from the algorithm's schema.
     :ivar model: the shared model (parameters in shared memory).
     :ivar optimizer: the shared optimizer, when the algorithm declares ``make_optimizer``.
+    :ivar restarts: how many times this rank was restarted before this process (0 at first).
     """
 
     role: str
@@ -63,6 +65,7 @@ class Context:
     optimizer: torch.optim.Optimizer | None
     channel: Channel
     blocked_plugins: tuple[str, ...] = ()
+    restarts: int = 0
     _plugins: Any = attrs.field(default=None, init=False, repr=False)
 
     @property
@@ -76,13 +79,22 @@ class Context:
     def should_stop(self) -> bool:
         """True once the run is stopping (solved, budget spent, Ctrl-C, a crash elsewhere).
 
-        Cheap (a shared-memory read, no Manager round trip): call it every step if you like.
+        Cheap (a shared-memory read, no Manager round trip): call it every step. It is also
+        this process's heartbeat, like :meth:`add_steps` and :meth:`log`.
         """
-        return self.channel.should_stop()
+        return self.channel.should_stop(self._slot)
 
     def add_steps(self, n: int) -> None:
         """Count ``n`` environment steps taken by this process (shared memory, no round trip)."""
         self.channel.add_steps(self._slot, n)
+
+    def heartbeat(self) -> None:
+        """Tell the supervisor this process is alive.
+
+        :meth:`should_stop`, :meth:`add_steps` and :meth:`log` do it already; call this only
+        inside work that calls none of them for longer than ``--worker-timeout`` seconds.
+        """
+        self.channel.beat(self._slot)
 
     @property
     def env_steps(self) -> int:
@@ -101,7 +113,7 @@ class Context:
             if isinstance(value, float) and not math.isfinite(value):
                 value = str(value)  # JSON has no NaN / inf
             record[key] = value
-        self.channel.send(record)
+        self.channel.send(self._slot, record)
 
     def env_seed(self, index: int = 0) -> int:
         """The seed environment ``index`` of this process is reset with first."""

@@ -10,18 +10,21 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import faulthandler
 import multiprocessing as mp
 import os
 import queue
 import random
 import signal
 import sys
+import tempfile
 import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
 from multiprocessing.connection import wait
 from multiprocessing.managers import SyncManager
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -35,29 +38,56 @@ from mprl.context import Context, derive_seed
 STOP_GRACE_S = 5.0
 KILL_GRACE_S = 2.0
 TICK_S = 0.25
+MAX_RESTART_DELAY_S = 60.0
 _STOP = 0  # index of the stop flag in the control tensor
 _STOP_SIGNALS = (-signal.SIGTERM, -signal.SIGINT)
 PARENT_DIED_EXIT = 70  # a child's exit code when it left because the main process died
 
 
-@attrs.define(eq=False)
 class LocalChannel:
-    """Shared-memory control block and a metrics queue; nothing here talks to the Manager."""
+    """Shared-memory control block and a metrics queue; nothing here talks to the Manager.
 
-    control: torch.Tensor  # int64 [stop flag]
-    steps: torch.Tensor  # int64, one slot per worker + one for the train process
-    records: Any  # multiprocessing.Queue of dict records
+    ``steps`` has one counter per worker, one for the train process and one for the steps of
+    earlier sessions of a resumed run; ``beats`` has each child's last sign of life
+    (``time.monotonic()``, which is one clock for every process on the machine). Children write
+    through numpy views of the tensors: a store is a few hundred nanoseconds.
+    """
 
-    def should_stop(self) -> bool:
-        return bool(self.control[_STOP])
+    def __init__(self, n_workers: int, records: Any) -> None:
+        self.control = torch.zeros(1, dtype=torch.int64).share_memory_()
+        self.steps = torch.zeros(n_workers + 2, dtype=torch.int64).share_memory_()
+        self.beats = torch.zeros(n_workers + 1, dtype=torch.float64).share_memory_()
+        self.records = records
+        self._views()
+
+    def _views(self) -> None:
+        self._control, self._steps, self._beats = (
+            t.numpy() for t in (self.control, self.steps, self.beats)
+        )
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in ("control", "steps", "beats", "records")}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._views()
+
+    def should_stop(self, slot: int) -> bool:
+        self._beats[slot] = time.monotonic()
+        return bool(self._control[_STOP])
 
     def add_steps(self, slot: int, n: int) -> None:
-        self.steps[slot] += n  # each process owns its slot: no lock needed
+        self._beats[slot] = time.monotonic()
+        self._steps[slot] += n  # each process owns its slot: no lock needed
+
+    def beat(self, slot: int) -> None:
+        self._beats[slot] = time.monotonic()
 
     def env_steps(self) -> int:
-        return int(self.steps.sum())
+        return int(self._steps.sum())
 
-    def send(self, record: dict[str, Any]) -> None:
+    def send(self, slot: int, record: dict[str, Any]) -> None:
+        self._beats[slot] = time.monotonic()
         self.records.put(record)
 
 
@@ -85,13 +115,20 @@ def _init_child(name: str) -> None:
         threading.Thread(target=exit_with_parent, name="mprl-parent-watch", daemon=True).start()
 
 
-def _child_main(fn: Callable[[Context], None], ctx: Context, threads: int) -> None:
-    """Entry point of every spawned child: seed, limit threads, run, report a crash."""
+def _child_main(fn: Callable[[Context], None], ctx: Context, threads: int, stack_file: str) -> None:
+    """Entry point of every spawned child: seed, limit threads, run, report a crash.
+
+    SIGUSR1 dumps every thread's stack to ``stack_file``: the supervisor asks for it before it
+    kills a hung child, so the report says where it hung.
+    """
     _init_child(mp.current_process().name)
+    stacks = open(stack_file, "w")  # noqa: SIM115 - open for the life of the process
+    faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
     torch.set_num_threads(threads)
     random.seed(ctx.seed)
     np.random.seed(ctx.seed)
     torch.manual_seed(ctx.seed)
+    ctx.heartbeat()
     try:
         fn(ctx)
     except BaseException:
@@ -141,10 +178,29 @@ def threads_per_child(n_children: int) -> int:
 
 @attrs.define(eq=False)
 class _Child:
+    """One rank of the job and the process currently running it."""
+
     role: str
     rank: int
-    process: Any
-    done: bool = False
+    slot: int  # its index in the step and heartbeat counters
+    process: Any = None
+    stack_file: str = ""
+    restarts: int = 0  # restarts spent on this rank
+    consecutive: int = 0  # failures in a row without a step in between
+    steps_at_start: int = 0
+    restart_at: float | None = None  # monotonic time of a pending restart
+    done: bool = False  # ended for good
+
+    @property
+    def who(self) -> str:
+        return self.role if self.rank < 0 else f"{self.role} {self.rank}"
+
+    @property
+    def source(self) -> str:
+        return "trainer" if self.role == "trainer" else f"worker:{self.rank}"
+
+    def live(self) -> bool:
+        return not self.done and self.restart_at is None
 
 
 class LocalBackend:
@@ -153,154 +209,277 @@ class LocalBackend:
     name = "local"
 
     def execute(self, job: Job, monitor: Monitor) -> Outcome:
-        ctx = mp.get_context("spawn")
+        # all state lives in _LocalRun, so nothing of the run (its queue's semaphores) outlives
+        # execute() through a reference to the backend
+        return _LocalRun(job, monitor).execute()
+
+
+class _LocalRun:
+    """One job on the local backend: start, supervise (restarts, hang detection), stop."""
+
+    def __init__(self, job: Job, monitor: Monitor) -> None:
+        self.job, self.monitor = job, monitor
+
+    def execute(self) -> Outcome:
+        job, monitor = self.job, self.monitor
+        self.ctx = mp.get_context("spawn")
         n = job.run.workers
         has_trainer = job.algorithm.train is not None
-        threads = job.run.torch_threads or threads_per_child(n + int(has_trainer))
+        self.threads = job.run.torch_threads or threads_per_child(n + int(has_trainer))
         manager: SyncManager | None = None
-        records = ctx.Queue()
-        children: list[_Child] = []
+        records = self.ctx.Queue()
+        self.errors: dict[str, str] = {}
+        self.children = [_Child("worker", r, r) for r in range(n)]
+        if has_trainer:
+            self.children.append(_Child("trainer", -1, n))
         try:
-            channel = LocalChannel(
-                control=torch.zeros(1, dtype=torch.int64).share_memory_(),
-                steps=torch.zeros(n + 1, dtype=torch.int64).share_memory_(),
-                records=records,
-            )
-            roles = [("worker", r) for r in range(n)] + ([("trainer", -1)] if has_trainer else [])
-            with _child_environment(threads):
+            self.channel = channel = LocalChannel(n, records)
+            if job.initial_steps:
+                channel.steps.copy_(torch.tensor(job.initial_steps, dtype=torch.int64))
+            with _child_environment(self.threads):
                 if job.algorithm.schema.needs_manager():
-                    server = SyncManager(ctx=ctx)
+                    server = SyncManager(ctx=self.ctx)
                     server.start(initializer=_init_child, initargs=("mprl-manager",))
                     manager = server
-                state = job.algorithm.schema.build(manager, n)
-                for i, (role, rank) in enumerate(roles):
-                    fn = job.algorithm.worker if role == "worker" else job.algorithm.train
-                    context = Context(
-                        role=role,
-                        rank=rank,
-                        n_workers=n,
-                        seed=derive_seed(job.run.seed, rank + 1),
-                        config=job.config,
-                        run=job.run,
-                        state=state,
-                        model=job.model,
-                        optimizer=job.optimizer,
-                        channel=channel,
-                        blocked_plugins=job.blocked_plugins,
+                self.state = job.algorithm.schema.build(manager, n)
+            if job.state_snapshot:
+                skipped = job.algorithm.schema.restore(self.state, job.state_snapshot)
+                if skipped:
+                    self._event(
+                        "state-not-restored",
+                        f"shared-state fields not restored from the checkpoint (they do not fit "
+                        f"this run's {n} workers): {', '.join(skipped)}",
                     )
-                    name = f"mprl-{role}" + (f"-{rank}" if rank >= 0 else "")
-                    proc = ctx.Process(
-                        target=_child_main, args=(fn, context, threads), name=name, daemon=True
-                    )
-                    proc.start()
-                    children.append(_Child(role, rank, proc))
-                    if role == "worker" and job.run.start_interval and i < n - 1:
-                        time.sleep(job.run.start_interval)
+            monitor.on_start(self.state)
+            for i, child in enumerate(self.children):
+                self._start(child)
+                if child.role == "worker" and job.run.start_interval and i < n - 1:
+                    time.sleep(job.run.start_interval)
             server_process = manager._process if manager is not None else None  # type: ignore[attr-defined]
-            reason, failures = self._supervise(children, channel, monitor, server_process)
+            reason, failures = self._supervise(server_process)
             channel.control[_STOP] = 1
-            failures += self._stop(children, channel, monitor)
-            return Outcome(stop_reason=reason, failures=failures)
+            failures += self._stop()
+            monitor.on_stop(channel.steps.tolist())
+            restarts = tuple(c.restarts for c in self.children if c.role == "worker")
+            return Outcome(stop_reason=reason, failures=failures, restarts=restarts)
         finally:
-            for child in children:  # only reached with live children on an unexpected error
-                if child.process.is_alive():
-                    child.process.kill()
-                child.process.join()
+            for child in self.children:  # only reached with live children on an unexpected error
+                if child.process is not None:
+                    if child.process.is_alive():
+                        child.process.kill()
+                    child.process.join()
+                with contextlib.suppress(OSError):
+                    if child.stack_file:
+                        os.unlink(child.stack_file)
             records.close()
             records.join_thread()
             if manager is not None:
                 manager.shutdown()
 
-    def _supervise(
-        self, children: list[_Child], channel: LocalChannel, monitor: Monitor, server: Any
-    ) -> tuple[str, list[ChildFailure]]:
-        """Watch every child (and the Manager server) until the run should stop."""
-        errors: dict[str, str] = {}
+    def _start(self, child: _Child) -> None:
+        """Start (or restart) the process of ``child``'s rank."""
+        job = self.job
+        context = Context(
+            role=child.role,
+            rank=child.rank,
+            n_workers=job.run.workers,
+            seed=derive_seed(job.run.seed, child.rank + 1, job.session, child.restarts),
+            config=job.config,
+            run=job.run,
+            state=self.state,
+            model=job.model,
+            optimizer=job.optimizer,
+            channel=self.channel,
+            blocked_plugins=job.blocked_plugins,
+            restarts=child.restarts,
+        )
+        if not child.stack_file:
+            fd, child.stack_file = tempfile.mkstemp(prefix=f"mprl-{child.source}-", suffix=".stack")
+            os.close(fd)
+        name = f"mprl-{child.role}" + (f"-{child.rank}" if child.rank >= 0 else "")
+        child.steps_at_start = int(self.channel.steps[child.slot])
+        self.channel.beats[child.slot] = time.monotonic()
+        child.process = self.ctx.Process(
+            target=_child_main,
+            args=(_target(job, child.role), context, self.threads, child.stack_file),
+            name=name,
+            daemon=True,
+        )
+        with _child_environment(self.threads):
+            child.process.start()
+        child.restart_at = None
+
+    def _supervise(self, server: Any) -> tuple[str, list[ChildFailure]]:
+        """Watch every child (and the Manager server) until the run should stop.
+
+        A child that fails is restarted on its rank while the run's restart limits allow it;
+        otherwise the run stops. Children that stop sending heartbeats count as failed.
+        """
+        timeout = self.job.run.worker_timeout
         while True:
-            self._drain(channel, monitor, errors)
+            self._drain()
             failures = []
             if server is not None and server.exitcode is not None:
                 reason = f"{_describe_exit(server.exitcode)} (shared state is lost)"
                 failures.append(ChildFailure("Manager server", -1, server.exitcode, reason))
-            for child in children:
-                code = child.process.exitcode
-                if code is None or child.done:
+            now = time.monotonic()
+            for child in self.children:
+                if not child.live():
                     continue
-                child.done = True
-                if code != 0:
-                    self._drain(channel, monitor, errors)
-                    tb = errors.get(_source(child), "")
-                    failures.append(
-                        ChildFailure(child.role, child.rank, code, _describe_exit(code), tb)
-                    )
+                code = child.process.exitcode
+                if code is None:
+                    silent = now - float(self.channel.beats[child.slot])
+                    if not timeout or silent < timeout:
+                        continue
+                    failure = self._kill_hung(child, silent)
+                elif code == 0:
+                    child.done = True
+                    continue
+                else:
+                    self._drain()
+                    tb = self.errors.pop(child.source, "")
+                    failure = ChildFailure(child.role, child.rank, code, _describe_exit(code), tb)
+                    if code in _STOP_SIGNALS and self._stop_requested():
+                        # SIGTERM / SIGINT sent to the whole process group (timeout, systemd,
+                        # docker stop) also reached the main process: a stop, not a crash
+                        return self._stop_reason(), []
+                failure = self._restart_or_fail(child, failure)
+                if failure is not None:
+                    failures.append(failure)
             if failures:
-                if all(f.exitcode in _STOP_SIGNALS for f in failures):
-                    # SIGTERM / SIGINT sent to the whole process group (timeout, systemd,
-                    # docker stop) also reaches the main process: then it is a stop, not a crash
-                    time.sleep(0.1)  # let the main process's signal handler run
-                    per_worker = channel.steps.tolist()
-                    reason = monitor.on_tick(sum(per_worker), per_worker)
-                    if reason is not None and reason.startswith("SIG"):
-                        return reason, []
                 return "failed", failures
-            workers = [c for c in children if c.role == "worker"]
+            for child in self.children:
+                if child.restart_at is not None and now >= child.restart_at:
+                    self._start(child)
+            workers = [c for c in self.children if c.role == "worker"]
             if all(c.done for c in workers):
                 return "workers finished", []
-            if any(c.done for c in children if c.role == "trainer"):
+            if any(c.done for c in self.children if c.role == "trainer"):
                 return "trainer finished", []
-            per_worker = channel.steps.tolist()
-            reason = monitor.on_tick(sum(per_worker), per_worker)
-            if reason:
+            if reason := self._stop_reason():
                 return reason, []
-            sentinels = [c.process.sentinel for c in children if not c.done]
-            wait(sentinels + ([server.sentinel] if server is not None else []), timeout=TICK_S)
+            sentinels = [c.process.sentinel for c in self.children if c.live()]
+            if server is not None:
+                sentinels.append(server.sentinel)
+            pending = [c.restart_at for c in self.children if c.restart_at is not None]
+            wait(sentinels, timeout=min([TICK_S, *(t - now for t in pending)]))
 
-    def _stop(
-        self, children: list[_Child], channel: LocalChannel, monitor: Monitor
-    ) -> list[ChildFailure]:
+    def _stop_reason(self) -> str | None:
+        steps = self.channel.steps.tolist()
+        return self.monitor.on_tick(sum(steps), steps)
+
+    def _stop_requested(self) -> bool:
+        time.sleep(0.1)  # let the main process's signal handler run
+        reason = self._stop_reason()
+        return reason is not None and reason.startswith("SIG")
+
+    def _kill_hung(self, child: _Child, silent: float) -> ChildFailure:
+        """Dump the stack of a child that stopped sending heartbeats, then kill it."""
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child.process.pid, signal.SIGUSR1)
+        time.sleep(0.2)  # faulthandler writes from its signal handler, even mid-C-call
+        child.process.kill()
+        child.process.join()
+        try:
+            stack = Path(child.stack_file).read_text()
+        except OSError:
+            stack = ""
+        reason = (
+            f"hung: no heartbeat for {silent:.0f} s (--worker-timeout "
+            f"{self.job.run.worker_timeout:g}); killed"
+        )
+        tb = f"stack when it was killed:\n{stack}" if stack.strip() else ""
+        return ChildFailure(child.role, child.rank, child.process.exitcode, reason, tb)
+
+    def _restart_or_fail(self, child: _Child, failure: ChildFailure) -> ChildFailure | None:
+        """Schedule a restart of ``child``'s rank, or return the failure that ends the run."""
+        run = self.job.run
+        progressed = int(self.channel.steps[child.slot]) > child.steps_at_start
+        child.consecutive = 1 if progressed else child.consecutive + 1
+        why_not = ""
+        if child.role != "worker":
+            pass  # the train process holds the learner's state: it is never restarted
+        elif child.restarts >= run.max_restarts:
+            if run.max_restarts:
+                why_not = f"; no restarts left ({child.restarts} of {run.max_restarts} spent)"
+        elif child.consecutive >= run.max_consecutive_failures:
+            why_not = (
+                f"; failed {child.consecutive} times in a row without taking a step "
+                f"(--max-consecutive-failures {run.max_consecutive_failures}), "
+                f"{child.restarts} of {run.max_restarts} restarts spent"
+            )
+        else:
+            child.restarts += 1
+            delay = min(run.restart_delay * 2 ** (child.consecutive - 1), MAX_RESTART_DELAY_S)
+            child.restart_at = time.monotonic() + delay
+            self._event(
+                "restart",
+                f"{failure.who} {failure.reason}; restarting it in {delay:.1f} s "
+                f"(restart {child.restarts} of {run.max_restarts})",
+                rank=child.rank,
+                restarts=child.restarts,
+                reason=failure.reason,
+                traceback=failure.traceback,
+            )
+            return None
+        child.done = True
+        return attrs.evolve(failure, reason=failure.reason + why_not)
+
+    def _event(self, kind: str, message: str, **fields: Any) -> None:
+        self.monitor.on_event({"event": kind, "message": message, **fields})
+
+    def _stop(self) -> list[ChildFailure]:
         """Stop flag (already set), a bounded wait, SIGTERM, a short wait, SIGKILL.
 
         Records keep being drained meanwhile, so a child blocked on a full queue can finish.
+        Whatever the children do, this returns within about STOP_GRACE_S + KILL_GRACE_S.
         """
-        errors: dict[str, str] = {}
+        running = [c for c in self.children if c.process is not None]
         for grace, escalate in ((STOP_GRACE_S, "terminate"), (KILL_GRACE_S, "kill")):
             deadline = time.monotonic() + grace
-            while (alive := [c for c in children if c.process.is_alive()]) and (
+            while (alive := [c for c in running if c.process.is_alive()]) and (
                 time.monotonic() < deadline
             ):
-                self._drain(channel, monitor, errors)
+                self._drain()
                 wait([c.process.sentinel for c in alive], timeout=0.1)
             for child in alive:
+                signame = "SIGTERM" if escalate == "terminate" else "SIGKILL"
+                self._event(
+                    escalate,
+                    f"{child.who} did not stop within {grace:g} s; sending {signame}",
+                    rank=child.rank,
+                )
                 getattr(child.process, escalate)()
         failures = []
-        for child in children:
+        for child in running:
             child.process.join()
-            self._drain(channel, monitor, errors)
+            self._drain()
             code = child.process.exitcode
-            if not child.done and code != 0 and _source(child) in errors:
+            if child.live() and code != 0 and child.source in self.errors:
                 # a crash while stopping still deserves its traceback
-                tb = errors[_source(child)]
+                tb = self.errors[child.source]
                 failures.append(
                     ChildFailure(child.role, child.rank, code, _describe_exit(code), tb)
                 )
             child.done = True
         return failures
 
-    @staticmethod
-    def _drain(channel: LocalChannel, monitor: Monitor, errors: dict[str, str]) -> None:
+    def _drain(self) -> None:
         batch = []
         while True:
             try:
-                record = channel.records.get_nowait()
+                record = self.channel.records.get_nowait()
             except queue.Empty:
                 break
             if "_error" in record:
-                errors[record["source"]] = record["_error"]
+                self.errors[record["source"]] = record["_error"]
             else:
                 batch.append(record)
         if batch:
-            monitor.on_records(batch)
+            self.monitor.on_records(batch)
 
 
-def _source(child: _Child) -> str:
-    return "trainer" if child.role == "trainer" else f"worker:{child.rank}"
+def _target(job: Job, role: str) -> Callable[[Context], None]:
+    fn = job.algorithm.worker if role == "worker" else job.algorithm.train
+    assert fn is not None
+    return fn

@@ -23,7 +23,7 @@ def summary_line(s: Snapshot) -> str:
     return (
         f"[{s.wall_s:7.1f}s] steps {s.env_steps:,}{budget}  {s.steps_per_s:,.0f} steps/s  "
         f"episodes {s.episodes:,}  mean return(100) {_fmt(s.mean_return_100)}  "
-        f"best {_fmt(s.best_return)}"
+        f"best {_fmt(s.best_return)}" + (f"  restarts {s.restarts}" if s.restarts else "")
     )
 
 
@@ -71,6 +71,7 @@ class Progress:
         table.add_column("episodes", justify="right")
         table.add_column("mean return (100)", justify="right")
         table.add_column("best", justify="right")
+        table.add_column("restarts", justify="right")
         steps = f"{s.env_steps:,}" + (f" / {s.total_steps:,}" if s.total_steps else "")
         table.add_row(
             f"{s.wall_s:.0f}s",
@@ -79,6 +80,7 @@ class Progress:
             f"{s.episodes:,}",
             _fmt(s.mean_return_100),
             _fmt(s.best_return),
+            str(s.restarts),
         )
         if s.last_values:
             extras = "  ".join(
@@ -86,6 +88,15 @@ class Progress:
             )
             table.caption = extras
         return table
+
+    def message(self, text: str, detail: str = "") -> None:
+        """A line that must be seen whatever the mode (a restart, a slow stop): shown above the
+        live panel on a terminal, printed as it is otherwise, even with ``--quiet``."""
+        out = text + (f"\n{detail.rstrip()}" if detail.strip() else "")
+        if self._live is not None:
+            self._live.console.print(out, markup=False, highlight=False)
+        else:
+            print(out, file=self.stream, flush=True)
 
     def stop(self, s: Snapshot | None = None) -> None:
         if self._live is not None:

@@ -65,6 +65,14 @@ class RunDir:
             raise UsageError(f"cannot create run directory {str(p)!r}: {exc}") from None
         return cls(p)
 
+    @classmethod
+    def reopen(cls, path: str | Path) -> RunDir:
+        """An existing run directory, to resume into: metrics are appended."""
+        p = Path(path)
+        if not (p / "checkpoints").is_dir():
+            raise UsageError(f"{str(p)!r} is not a run directory (it has no checkpoints/)")
+        return cls(p)
+
     def write_json(self, name: str, data: Mapping[str, Any]) -> Path:
         target = self.path / name
         atomic_write(target, lambda f: f.write(_json_bytes(data)))

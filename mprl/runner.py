@@ -18,15 +18,16 @@ import attrs
 import torch
 from attrs import validators as v
 
-from mprl import __version__
+from mprl import __version__, checkpoint, preflight
 from mprl.algorithm import Algorithm
-from mprl.backend import ChildFailure, Job
+from mprl.backend import ChildFailure, Job, Outcome
 from mprl.config import as_dict, build
 from mprl.envs import make_env
 from mprl.errors import PluginError, RunFailed, UsageError
 from mprl.plugins import PluginManager, get_plugin_manager
 from mprl.progress import Progress
 from mprl.rundir import RunDir
+from mprl.schema import SharedState
 from mprl.stats import RunStats
 
 METRICS_EVERY_S = 5.0  # how often the main process writes its own progress record
@@ -64,6 +65,31 @@ class RunConfig:
         metadata={"help": "torch threads per child (0: cores / children)"},
     )
     backend: str = attrs.field(default="local", metadata={"help": "where processes run"})
+    max_restarts: int = attrs.field(
+        default=0,
+        validator=v.ge(0),
+        metadata={"help": "restarts allowed per worker rank before the run fails (default 0)"},
+    )
+    restart_delay: float = attrs.field(
+        default=1.0,
+        validator=v.ge(0),
+        metadata={"help": "seconds before a restart; doubles with each failure in a row"},
+    )
+    max_consecutive_failures: int = attrs.field(
+        default=3,
+        validator=v.ge(1),
+        metadata={"help": "give up on a worker that failed this often without taking a step"},
+    )
+    worker_timeout: float = attrs.field(
+        default=60.0,
+        validator=v.ge(0),
+        metadata={"help": "seconds without a heartbeat before a child counts as hung (0: off)"},
+    )
+    checkpoint_every: float = attrs.field(
+        default=60.0,
+        validator=v.ge(0),
+        metadata={"help": "seconds between checkpoints (0: only at the end)"},
+    )
 
 
 @attrs.frozen
@@ -96,6 +122,8 @@ class Summary:
     algorithm: str
     env: str
     per_worker_steps: tuple[int, ...] = ()
+    restarts: tuple[int, ...] = ()  # per worker rank, in this session
+    session: int = 0  # how many times the run was resumed
     failures: tuple[ChildFailure, ...] = ()
     signal: int | None = None
 
@@ -119,37 +147,52 @@ def _finite(x: float) -> float | None:
     return x if math.isfinite(x) else None
 
 
-def share_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
-    """Put an optimizer's state (Adam moments, step counts) in shared memory, in place.
+def materialize_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
+    """Create an optimizer's lazily made state (Adam moments, step counts) now, as zeros.
 
-    Optimizers create their state lazily on the first step; that state must exist before the
-    children are spawned, so it is materialised with a zero-lr step on zero gradients and then
-    reset to zero, which is the initial state of Adam, RMSprop and SGD's momentum alike.
+    The state must exist before the children are spawned to be shared; it is made with a
+    zero-lr step on zero gradients and reset to zero, which is the initial state of Adam,
+    RMSprop and SGD's momentum alike. State that exists already (a resumed run) is kept.
     """
     params = [p for group in optimizer.param_groups for p in group["params"]]
-    if any(not optimizer.state.get(p) for p in params):
-        grads = [p.grad for p in params]
-        lrs = [group.get("lr") for group in optimizer.param_groups]
-        for p in params:
-            p.grad = torch.zeros_like(p)
-        for group in optimizer.param_groups:
-            if "lr" in group:
-                group["lr"] = 0.0
-        with torch.no_grad():
-            optimizer.step()
-        for p, g in zip(params, grads, strict=True):
-            p.grad = g
-        for group, lr in zip(optimizer.param_groups, lrs, strict=True):
-            if lr is not None:
-                group["lr"] = lr
-        for state in optimizer.state.values():
-            for value in state.values():
-                if isinstance(value, torch.Tensor):
-                    value.zero_()
+    if all(optimizer.state.get(p) for p in params):
+        return
+    grads = [p.grad for p in params]
+    lrs = [group.get("lr") for group in optimizer.param_groups]
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    for group in optimizer.param_groups:
+        if "lr" in group:
+            group["lr"] = 0.0
+    with torch.no_grad():
+        optimizer.step()
+    for p, g in zip(params, grads, strict=True):
+        p.grad = g
+    for group, lr in zip(optimizer.param_groups, lrs, strict=True):
+        if lr is not None:
+            group["lr"] = lr
     for state in optimizer.state.values():
         for value in state.values():
             if isinstance(value, torch.Tensor):
-                value.share_memory_()
+                value.zero_()
+
+
+def _optimizer_tensors(optimizer: torch.optim.Optimizer | None) -> list[torch.Tensor]:
+    if optimizer is None:
+        return []
+    return [
+        value
+        for state in optimizer.state.values()
+        for value in state.values()
+        if isinstance(value, torch.Tensor)
+    ]
+
+
+def share_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
+    """Put an optimizer's state in shared memory, in place, creating it first if needed."""
+    materialize_optimizer_state(optimizer)
+    for value in _optimizer_tensors(optimizer):
+        value.share_memory_()
 
 
 class _Signals:
@@ -157,11 +200,16 @@ class _Signals:
 
     def __init__(self) -> None:
         self.received: int | None = None
+        self.forced = False
 
     def handle(self, signum: int, frame: Any) -> None:
         if self.received is not None and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        self.received = signum
+            if not self.forced:  # once: the forced exit's own cleanup must not be interrupted
+                self.forced = True
+                raise KeyboardInterrupt
+            return
+        if self.received is None:
+            self.received = signum
 
     @contextmanager
     def installed(self) -> Iterator[_Signals]:
@@ -176,25 +224,49 @@ class _Signals:
                 signal.signal(s, h)
 
 
+@attrs.define
+class _Resume:
+    """What a resumed run takes over from its checkpoint."""
+
+    file: Path
+    data: dict[str, Any]
+
+    @property
+    def session(self) -> int:
+        return int(self.data["session"]) + 1
+
+
 class _RunMonitor:
-    """The runner's side of the backend seam: stats, metrics file, reporters, progress, stop."""
+    """The runner's side of the backend seam: stats, metrics, reporters, progress, checkpoints,
+    and the decision to stop."""
 
     def __init__(
         self,
         info: RunInfo,
+        job: Job,
         rundir: RunDir,
         pm: PluginManager,
         progress: Progress,
         signals: _Signals,
+        resume: _Resume | None,
     ) -> None:
         self.info = info
+        self.job = job
         self.rundir = rundir
         self.pm = pm
         self.progress = progress
         self.signals = signals
         self.stats = RunStats(info.reward_threshold, info.run.total_steps)
-        self._wall0 = time.time()
+        if resume is not None:
+            self.stats.restore(resume.data["stats"])
+        self._wall0 = time.time() - self.stats.wall_s
         self._last_main_record = time.monotonic()
+        self._last_checkpoint = time.monotonic()
+        self.state: SharedState | None = None
+        self.checkpoint_error = ""
+
+    def on_start(self, state: SharedState) -> None:
+        self.state = state
 
     def on_records(self, records: Sequence[Mapping[str, Any]]) -> None:
         out = []
@@ -205,6 +277,15 @@ class _RunMonitor:
             out.append(record)
         self._emit(out)
 
+    def on_event(self, record: Mapping[str, Any]) -> None:
+        record = {"source": "main", "step": self.stats.env_steps, **record}
+        record["wall"] = round(time.time() - self._wall0, 4)
+        if record["event"] == "restart":
+            self.stats.restarts += 1
+        tb = record.pop("traceback", "")
+        self.progress.message(f"mprl: {record['message']}", tb)
+        self._emit([record])
+
     def _emit(self, records: list[dict[str, Any]]) -> None:
         self.rundir.append_metrics(records)
         self.pm.hook.mprl_report_metrics(run=self.info, records=records)
@@ -213,9 +294,13 @@ class _RunMonitor:
         self.stats.set_steps(per_worker_steps)
         snap = self.stats.snapshot()
         self.progress.update(snap)
-        if time.monotonic() - self._last_main_record >= METRICS_EVERY_S:
-            self._last_main_record = time.monotonic()
+        now = time.monotonic()
+        if now - self._last_main_record >= METRICS_EVERY_S:
+            self._last_main_record = now
             self._emit([self._main_record()])
+        every = self.info.run.checkpoint_every
+        if every and now - self._last_checkpoint >= every:
+            self.checkpoint()
         if self.signals.received is not None:
             return signal.Signals(self.signals.received).name
         if self.stats.solved():
@@ -224,6 +309,57 @@ class _RunMonitor:
         if total is not None and env_steps >= total:
             return "total steps reached"
         return None
+
+    def on_stop(self, per_slot_steps: Sequence[int]) -> None:
+        self.stats.set_steps(per_slot_steps)
+        self.checkpoint()
+
+    def checkpoint(self) -> Path:
+        """Save ``checkpoints/last.pt`` now (atomically) and log it in the metrics."""
+        start = time.monotonic()
+        self._last_checkpoint = start
+        shared: dict[str, Any] = {}
+        if self.state is not None:
+            try:
+                shared = self.job.algorithm.schema.snapshot(self.state)
+            except (OSError, EOFError) as exc:  # the Manager server is gone
+                self.checkpoint_error = f"shared state not saved: {exc!r}"
+        info, job, stats = self.info, self.job, self.stats
+        path = self.rundir.save_checkpoint(
+            {
+                "format": checkpoint.FORMAT,
+                "version": checkpoint.VERSION,
+                "mprl_version": __version__,
+                "plugin": info.plugin,
+                "plugin_version": info.plugin_version,
+                "algorithm": info.algorithm,
+                "config": as_dict(info.config),
+                "run": as_dict(info.run),
+                "session": job.session,
+                "model": job.model.state_dict(),
+                "optimizer": job.optimizer.state_dict() if job.optimizer is not None else None,
+                "env_steps": stats.env_steps,
+                "episodes": stats.episodes,
+                "steps": list(stats.per_worker) or [0] * (info.run.workers + 2),
+                "stats": stats.state(),
+                "shared_state": shared,
+                "rng": checkpoint.rng_states(),
+                "time": time.time(),
+            }
+        )
+        self._emit(
+            [
+                {
+                    "source": "main",
+                    "event": "checkpoint",
+                    "step": stats.env_steps,
+                    "wall": round(stats.wall_s, 4),
+                    "path": str(path),
+                    "seconds": round(time.monotonic() - start, 4),
+                }
+            ]
+        )
+        return path
 
     def _main_record(self) -> dict[str, Any]:
         s = self.stats
@@ -247,23 +383,6 @@ def _check_main_guard() -> None:
         )
 
 
-def _checkpoint(algo: Algorithm, info: RunInfo, job: Job, stats: RunStats) -> dict[str, Any]:
-    return {
-        "format": "mprl-checkpoint-1",
-        "mprl_version": __version__,
-        "plugin": info.plugin,
-        "plugin_version": info.plugin_version,
-        "algorithm": algo.name,
-        "config": as_dict(info.config),
-        "run": as_dict(info.run),
-        "model": job.model.state_dict(),
-        "optimizer": job.optimizer.state_dict() if job.optimizer is not None else None,
-        "env_steps": stats.env_steps,
-        "episodes": stats.episodes,
-        "torch_rng": torch.get_rng_state(),
-    }
-
-
 def prepare(
     plugin: str,
     pm: PluginManager,
@@ -284,39 +403,97 @@ def prepare(
     return plugin_name, algo, config, run_cfg
 
 
+def _resume_inputs(
+    resume: _Resume,
+    plugin: str | None,
+    pm: PluginManager,
+    config: Mapping[str, Any] | Any | None,
+    options: dict[str, Any],
+) -> tuple[str, Mapping[str, Any] | Any, dict[str, Any]]:
+    """Plugin, config and run options of a resumed run: the checkpoint's, with overrides."""
+    data, file = resume.data, str(resume.file)
+    if plugin is not None and plugin not in (data["algorithm"], data["plugin"]):
+        raise UsageError(
+            f"checkpoint {file!r} was written by algorithm {data['algorithm']!r}, not "
+            f"{plugin!r}; leave out --plugin when resuming"
+        )
+    try:
+        pm.algorithm(data["algorithm"])
+    except UsageError as exc:
+        raise UsageError(
+            f"checkpoint {file!r} was written by algorithm {data['algorithm']!r} of plugin "
+            f"{data['plugin']!r} {data.get('plugin_version', '')}: {exc}"
+        ) from None
+    env = options.get("env")
+    if env is not None and env != data["run"]["env"]:
+        raise UsageError(
+            f"checkpoint {file!r} was trained on {data['run']['env']!r}; a resumed run cannot "
+            f"change --env to {env!r}"
+        )
+    if config is None or isinstance(config, Mapping):
+        config = {**data["config"], **(config or {})}
+    merged = {**data["run"], **{k: v for k, v in options.items() if v is not None}}
+    return data["algorithm"], config, merged
+
+
+def _load_state(resume: _Resume, what: str, target: Any, state: Any, algo: Algorithm) -> None:
+    try:
+        target.load_state_dict(state)
+    except (RuntimeError, ValueError, KeyError) as exc:
+        first = str(exc).strip().splitlines()[0]
+        raise UsageError(
+            f"checkpoint {str(resume.file)!r}: its {what} does not fit algorithm "
+            f"{algo.name!r} with this config ({first}); was the config changed with --set?"
+        ) from None
+
+
 def run(
-    plugin: str,
+    plugin: str | None = None,
     *,
     config: Mapping[str, Any] | Any | None = None,
     env: str | None = None,
     workers: int | None = None,
     seed: int | None = None,
     total_steps: int | None = None,
-    start_interval: float | None = None,
-    torch_threads: int | None = None,
-    backend: str | None = None,
     run_dir: str | Path | None = None,
+    resume: str | Path | None = None,
     progress: str = "auto",
     plugins: PluginManager | None = None,
+    **run_options: Any,
 ) -> Summary:
     """Train algorithm ``plugin`` and return how the run ended.
 
-    Everything is checked before any process starts (plugin, config, env id, action space); a
-    problem raises :class:`mprl.errors.UsageError`. A crashed child raises :class:`RunFailed`
-    after every process has stopped. Ctrl-C / SIGTERM stop the run cleanly and return a summary
-    with ``status="interrupted"``.
+    Every :class:`RunConfig` field can be given as a keyword (``max_restarts=2``...).
+    ``resume=RUN_DIR`` (or a checkpoint file) continues a run from its last checkpoint: the
+    plugin, config and run options are the checkpoint's unless given here, counters continue
+    and metrics are appended (to ``run_dir`` when given, else to the original run directory).
+
+    Everything is checked before any process starts (plugin, config, env id, action space,
+    checkpoint, shared memory and open files); a problem raises
+    :class:`mprl.errors.UsageError`. A crashed child raises :class:`RunFailed` after every
+    process has stopped. Ctrl-C / SIGTERM stop the run cleanly and return a summary with
+    ``status="interrupted"``.
     """
     _check_main_guard()
     pm = plugins or get_plugin_manager()
+    unknown = set(run_options) - set(attrs.fields_dict(RunConfig))
+    if unknown:
+        known = ", ".join(attrs.fields_dict(RunConfig))
+        raise UsageError(f"unknown run option(s) {', '.join(sorted(unknown))}; known: {known}")
     options = {
         "env": env,
         "workers": workers,
         "seed": seed,
         "total_steps": total_steps,
-        "start_interval": start_interval,
-        "torch_threads": torch_threads,
-        "backend": backend,
+        **run_options,
     }
+    resumed: _Resume | None = None
+    if resume is not None:
+        resumed = _Resume(*checkpoint.load(resume))
+        plugin, config, options = _resume_inputs(resumed, plugin, pm, config, options)
+    elif plugin is None:
+        installed = ", ".join(sorted(pm.algorithms())) or "none"
+        raise UsageError(f"no plugin given; installed: {installed}")
     plugin_name, algo, cfg, run_cfg = prepare(plugin, pm, config, options)
 
     probe = make_env(pm, run_cfg.env)
@@ -343,7 +520,8 @@ def run(
             f"algorithm {algo.name!r}: make_model returned {type(model).__name__}, "
             "expected a torch.nn.Module"
         )
-    model.share_memory()
+    if resumed is not None:
+        _load_state(resumed, "model", model, resumed.data["model"], algo)
     optimizer = None
     if algo.make_optimizer is not None:
         optimizer = algo.make_optimizer(model.parameters(), cfg)
@@ -352,11 +530,28 @@ def run(
                 f"algorithm {algo.name!r}: make_optimizer returned {type(optimizer).__name__}, "
                 "expected a torch.optim.Optimizer"
             )
+        if resumed is not None and resumed.data["optimizer"] is not None:
+            _load_state(resumed, "optimizer state", optimizer, resumed.data["optimizer"], algo)
+        materialize_optimizer_state(optimizer)
+    has_trainer = algo.train is not None
+    tensors = [*model.parameters(), *model.buffers(), *_optimizer_tensors(optimizer)]
+    nbytes, storages = preflight.shared_bytes(tensors)
+    notes = preflight.check(
+        shm_bytes=nbytes + algo.schema.shm_bytes(run_cfg.workers),
+        storages=storages + len(algo.schema.fields) + 3,
+        processes=run_cfg.workers + int(has_trainer) + 1,
+    )
+    model.share_memory()
+    if optimizer is not None:
         share_optimizer_state(optimizer)
 
-    rundir = RunDir.create(run_dir, algo.name, run_cfg.env)
+    if resumed is not None and run_dir is None:
+        rundir = RunDir.reopen(resumed.file.parent.parent)
+    else:
+        rundir = RunDir.create(run_dir, algo.name, run_cfg.env)
     _, plugin_version = pm.distribution_of(plugin_name)
     info = RunInfo(plugin_name, plugin_version, algo.name, cfg, run_cfg, rundir.path, threshold)
+    session = 0 if resumed is None else resumed.session
     rundir.write_json(
         "config.json",
         {
@@ -365,23 +560,63 @@ def run(
             "algorithm": algo.name,
             "mprl_version": __version__,
             "reward_threshold": threshold,
+            "session": session,
             "run": as_dict(run_cfg),
             "config": as_dict(cfg),
         },
     )
-    job = Job(algo, cfg, run_cfg, model, optimizer, tuple(pm.blocked_names()))
+    initial_steps: tuple[int, ...] = ()
+    snapshot: dict[str, Any] = {}
+    if resumed is not None:
+        saved = [int(x) for x in resumed.data["steps"]]
+        initial_steps = (
+            tuple(saved)
+            if len(saved) == run_cfg.workers + 2
+            else (0,) * (run_cfg.workers + 1) + (sum(saved),)
+        )
+        snapshot = resumed.data.get("shared_state") or {}
+        checkpoint.set_rng_states(resumed.data["rng"])
+    job = Job(
+        algo,
+        cfg,
+        run_cfg,
+        model,
+        optimizer,
+        tuple(pm.blocked_names()),
+        initial_steps=initial_steps,
+        state_snapshot=snapshot,
+        session=session,
+    )
     display = Progress(progress)
     signals = _Signals()
-    monitor = _RunMonitor(info, rundir, pm, display, signals)
+    monitor = _RunMonitor(info, job, rundir, pm, display, signals, resumed)
     pm.hook.mprl_run_start(run=info)
-    display.start(f"mprl: {algo.name} on {run_cfg.env}, {run_cfg.workers} workers -> {rundir.path}")
+    title = f"mprl: {algo.name} on {run_cfg.env}, {run_cfg.workers} workers -> {rundir.path}"
+    if resumed is not None:
+        title = (
+            f"mprl: resuming {algo.name} on {run_cfg.env} at {sum(initial_steps):,} env steps "
+            f"(session {session}), {run_cfg.workers} workers -> {rundir.path}"
+        )
+    display.start(title)
+    for note in notes:
+        display.message(f"mprl: {note}")
+    if resumed is not None:
+        monitor.on_event(
+            {"event": "resume", "message": f"resumed from {resumed.file}", "session": session}
+        )
+    forced = False
     try:
         with signals.installed():
-            outcome = runner.execute(job, monitor)
+            try:
+                outcome = runner.execute(job, monitor)
+            except KeyboardInterrupt:
+                if not signals.forced:
+                    raise
+                forced = True  # the second Ctrl-C: children were killed, no final checkpoint
+                outcome = Outcome("second SIGINT: forced exit")
     finally:
         display.stop(monitor.stats.snapshot())
     stats = monitor.stats
-    rundir.save_checkpoint(_checkpoint(algo, info, job, stats))
     status = "failed" if outcome.failures else "finished"
     if signals.received is not None and not outcome.failures:
         status = "interrupted"
@@ -399,12 +634,16 @@ def run(
         algorithm=algo.name,
         env=run_cfg.env,
         per_worker_steps=stats.per_worker[: run_cfg.workers],
+        restarts=tuple(outcome.restarts),
+        session=session,
         failures=tuple(outcome.failures),
         signal=signals.received,
     )
     rundir.write_json("summary.json", summary.to_dict())
     rundir.close()
     pm.hook.mprl_run_end(run=info, summary=summary.to_dict())
+    if forced:
+        print("mprl: forced exit (second Ctrl-C); kept the last checkpoint", file=sys.stderr)
     if outcome.failures:
         for f in outcome.failures:
             print(f"mprl: {f.who} {f.reason}", file=sys.stderr)

@@ -61,6 +61,18 @@ class Field:
     def build(self, manager: SyncManager, n_workers: int) -> Any:
         raise NotImplementedError
 
+    def snapshot(self, built: Any) -> Any:
+        """Plain data to checkpoint, or ``None`` for kinds without data (locks, queues...)."""
+        return None
+
+    def restore(self, built: Any, data: Any) -> bool:
+        """Put checkpointed ``data`` back; False when it does not fit (another worker count)."""
+        return False
+
+    def shm_bytes(self, n_workers: int) -> int:
+        """Bytes of shared memory (``/dev/shm``) this field takes."""
+        return 0
+
 
 _SCALARS = (int, float, bool, str, bytes, type(None))
 
@@ -92,6 +104,27 @@ class PerWorker(Field):
             return manager.list([manager.dict() for _ in range(n_workers)])
         return manager.list([self.initial] * n_workers)
 
+    def snapshot(self, built: Any) -> Any:
+        if self.initial is list:
+            return [list(slot) for slot in built]
+        if self.initial is dict:
+            return [dict(slot) for slot in built]
+        return list(built)
+
+    def restore(self, built: Any, data: Any) -> bool:
+        if len(data) != len(built):
+            return False
+        if self.initial in (list, dict):
+            for slot, saved in zip(built, data, strict=True):
+                if self.initial is list:
+                    slot[:] = saved
+                else:
+                    slot.clear()
+                    slot.update(saved)
+            return True
+        built[:] = data
+        return True
+
 
 @attrs.frozen
 class List(Field):
@@ -107,6 +140,13 @@ class List(Field):
     def build(self, manager: SyncManager, n_workers: int) -> Any:
         return manager.list(list(self.initial))
 
+    def snapshot(self, built: Any) -> Any:
+        return list(built)
+
+    def restore(self, built: Any, data: Any) -> bool:
+        built[:] = data
+        return True
+
 
 @attrs.frozen
 class Dict(Field):
@@ -121,6 +161,14 @@ class Dict(Field):
 
     def build(self, manager: SyncManager, n_workers: int) -> Any:
         return manager.dict(dict(self.initial))
+
+    def snapshot(self, built: Any) -> Any:
+        return dict(built)
+
+    def restore(self, built: Any, data: Any) -> bool:
+        built.clear()
+        built.update(data)
+        return True
 
 
 @attrs.frozen
@@ -139,6 +187,14 @@ class Namespace(Field):
 
     def build(self, manager: SyncManager, n_workers: int) -> Any:
         return manager.Namespace(**self.initial)
+
+    def snapshot(self, built: Any) -> Any:
+        return {k: v for k, v in vars(built._getvalue()).items() if not k.startswith("_")}
+
+    def restore(self, built: Any, data: Any) -> bool:
+        for key, value in data.items():
+            setattr(built, key, value)
+        return True
 
 
 @attrs.frozen
@@ -255,6 +311,13 @@ class Value(Field):
     def build(self, manager: SyncManager, n_workers: int) -> Any:
         return manager.Value(self.typecode, self.initial)
 
+    def snapshot(self, built: Any) -> Any:
+        return built.value
+
+    def restore(self, built: Any, data: Any) -> bool:
+        built.value = data
+        return True
+
 
 @attrs.frozen
 class Array(Field):
@@ -272,6 +335,15 @@ class Array(Field):
 
     def build(self, manager: SyncManager, n_workers: int) -> Any:
         return manager.Array(self.typecode, [self.initial] * _resolve(self.size, n_workers))
+
+    def snapshot(self, built: Any) -> Any:
+        return list(built)
+
+    def restore(self, built: Any, data: Any) -> bool:
+        if len(data) != len(built):
+            return False
+        built[:] = array.array(self.typecode, data)  # an array slice takes an array only
+        return True
 
 
 @attrs.frozen
@@ -297,6 +369,21 @@ class Tensor(Field):
     def build(self, manager: SyncManager | None, n_workers: int) -> torch.Tensor:
         shape = tuple(_resolve(s, n_workers) for s in self.shape)
         return torch.full(shape, self.fill, dtype=self.dtype).share_memory_()
+
+    def snapshot(self, built: Any) -> Any:
+        return built.clone()
+
+    def restore(self, built: Any, data: Any) -> bool:
+        if data.shape != built.shape or data.dtype != built.dtype:
+            return False
+        built.copy_(data)
+        return True
+
+    def shm_bytes(self, n_workers: int) -> int:
+        numel = 1
+        for size in self.shape:
+            numel *= _resolve(size, n_workers)
+        return numel * torch.empty((), dtype=self.dtype).element_size()
 
 
 KINDS: tuple[type[Field], ...] = (
@@ -353,6 +440,30 @@ class Schema:
             except (ValueError, TypeError) as exc:
                 raise SchemaError(f"shared-state field {name!r} ({decl.kind}): {exc}") from None
         return SharedState(**built)
+
+    def snapshot(self, state: SharedState) -> dict[str, Any]:
+        """The data of every field that has data (not locks, events, barriers or queues)."""
+        out = {}
+        for name, decl in self.fields.items():
+            data = decl.snapshot(getattr(state, name))
+            if data is not None:
+                out[name] = data
+        return out
+
+    def restore(self, state: SharedState, snapshot: Mapping[str, Any]) -> list[str]:
+        """Put a :meth:`snapshot` back; returns the fields that could not be restored (a field
+        sized by the number of workers, when that number changed, or a field no longer
+        declared)."""
+        skipped = []
+        for name, data in snapshot.items():
+            decl = self.fields.get(name)
+            if decl is None or not decl.restore(getattr(state, name), data):
+                skipped.append(name)
+        return skipped
+
+    def shm_bytes(self, n_workers: int) -> int:
+        """Shared memory the schema's tensors take with ``n_workers`` workers."""
+        return sum(decl.shm_bytes(n_workers) for decl in self.fields.values())
 
     def __repr__(self) -> str:
         inner = ", ".join(f"{k}={v!r}" for k, v in self.fields.items())

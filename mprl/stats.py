@@ -26,6 +26,7 @@ class Snapshot:
     per_worker_steps: tuple[int, ...]
     total_steps: int | None
     last_values: Mapping[str, Any]
+    restarts: int = 0
 
 
 class RunStats:
@@ -43,6 +44,23 @@ class RunStats:
         self.last_values: dict[str, Any] = {}  # latest scalar per name, e.g. loss
         self._rate_mark = (self.start, 0)
         self.steps_per_s = 0.0
+        self.restarts = 0
+
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint keeps, so a resumed run's counters and "solved" carry on."""
+        return {
+            "episodes": self.episodes,
+            "returns": list(self.returns),
+            "best_return": self.best_return,
+            "wall_s": self.wall_s,
+        }
+
+    def restore(self, state: Mapping[str, Any]) -> None:
+        self.episodes = int(state["episodes"])
+        self.returns.extend(float(r) for r in state["returns"])
+        self.best_return = float(state["best_return"])
+        self.start = time.monotonic() - float(state["wall_s"])
+        self._rate_mark = (time.monotonic(), -1)  # set by the first set_steps
 
     @property
     def wall_s(self) -> float:
@@ -67,7 +85,9 @@ class RunStats:
         self.env_steps = sum(per_worker)
         now = time.monotonic()
         t0, s0 = self._rate_mark
-        if now - t0 >= 1.0:  # a rate over at least a second is readable
+        if s0 < 0:  # the first counters of a resumed run: rates start from here
+            self._rate_mark = (now, self.env_steps)
+        elif now - t0 >= 1.0:  # a rate over at least a second is readable
             self.steps_per_s = (self.env_steps - s0) / (now - t0)
             self._rate_mark = (now, self.env_steps)
 
@@ -90,4 +110,5 @@ class RunStats:
             per_worker_steps=self.per_worker,
             total_steps=self.total_steps,
             last_values=dict(self.last_values),
+            restarts=self.restarts,
         )

@@ -28,10 +28,10 @@ from tests.conftest import alive, child_pids, cli
         (["--plugin", "a3c", "--set", "lrr=0.1"], r"unknown field 'lrr'; known fields: .*lr"),
         (["--plugin", "a3c", "--set", "n_steps=many"], r"field 'n_steps' expects int, got 'many'"),
         (["--plugin", "a3c", "--workers", "0"], r"field 'workers': 'workers' must be >= 1: 0"),
-        (["--plugin", "a3c", "--workers", "two"], r"argument --workers: invalid int value: 'two'"),
+        (["--plugin", "a3c", "--workers", "two"], r"run option: field 'workers' expects int, got 'two'"),
         (["--plugin", "broken"], r"entry point broken = mprl_brokenplugin in distribution mprl-brokenplugin 0.1.0\) failed to import: ImportError: needs the frobnicator"),
         (["--plugin", "a3c", "-p", "no:a3c"], r"plugin 'a3c' is blocked"),
-        ([], r"run needs --plugin NAME; installed: a3c, probe"),
+        ([], r"run needs --plugin NAME \(or --resume RUN_DIR\); installed: a3c, probe"),
     ],
 )  # fmt: skip
 def test_bad_input_exits_2_with_one_clear_line_and_starts_nothing(
@@ -153,7 +153,7 @@ def test_signal_stops_cleanly_with_checkpoint_and_exit_code(tmp_path, sig, code)
     assert "leaked" not in stderr
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "interrupted" and summary["stop_reason"] == sig.name
-    ckpt = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=False)
+    ckpt = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
     assert ckpt["env_steps"] == summary["env_steps"] > 0
     deadline = time.monotonic() + 5
     while [k for k in kids if alive(k)] and time.monotonic() < deadline:

@@ -40,7 +40,7 @@ def test_a3c_short_run_updates_the_shared_model_and_writes_the_run_dir(run_dir):
         torch.manual_seed(3)
         initial = algo.make_model(env.observation_space, env.action_space, config)
     env.close()
-    ckpt = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=False)
+    ckpt = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
     assert ckpt["algorithm"] == "a3c" and ckpt["env_steps"] == summary.env_steps
     changed = [k for k, v in initial.state_dict().items() if not torch.equal(v, ckpt["model"][k])]
     assert changed, "no parameter of the shared model changed"
@@ -117,11 +117,17 @@ def test_seeds_threads_and_start_interval(installed, tmp_path):
 def test_worker_crash_stops_the_run_with_its_traceback(installed, run_dir, capfd):
     start = time.monotonic()
     with pytest.raises(mprl.RunFailed, match=r"worker \d exited with code 1") as err:
-        mprl.run("probe", workers=2, config={"crash_at_step": 25}, run_dir=run_dir, progress="none")
+        mprl.run(
+            "probe",
+            workers=2,
+            config={"fault": "raise", "fault_at_step": 25},
+            run_dir=run_dir,
+            progress="none",
+        )
     assert time.monotonic() - start < 30
     stderr = capfd.readouterr().err
     assert "--- traceback of worker" in stderr
-    assert "RuntimeError: injected failure in worker" in stderr
+    assert "RuntimeError: injected failure in worker:" in stderr
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "failed" and summary["exit_code"] == 1
     assert err.value.summary.failures[0].traceback
@@ -132,7 +138,7 @@ def test_a_worker_that_exits_with_a_code_is_reported_with_it(installed, run_dir)
         mprl.run(
             "probe",
             workers=1,
-            config={"crash_at_step": 10, "exit_code": 3},
+            config={"fault": "exit", "fault_at_step": 10},
             run_dir=run_dir,
             progress="none",
         )
@@ -141,8 +147,8 @@ def test_a_worker_that_exits_with_a_code_is_reported_with_it(installed, run_dir)
 def test_bad_input_starts_nothing(installed, run_dir):
     with pytest.raises(mprl.errors.UsageError, match="does not support the action space"):
         mprl.run("a3c", env="Switches-v0", run_dir=run_dir, progress="none")
-    with pytest.raises(mprl.ConfigError, match="crash_at_stepp"):
-        mprl.run("probe", config={"crash_at_stepp": 1}, run_dir=run_dir, progress="none")
+    with pytest.raises(mprl.ConfigError, match="fault_at_stepp"):
+        mprl.run("probe", config={"fault_at_stepp": 1}, run_dir=run_dir, progress="none")
     assert not run_dir.exists()
 
 

@@ -1,13 +1,15 @@
 """A plugin used by the test suite, installed as its own distribution (see conftest.py).
 
-Its algorithms exercise the core: ``probe`` uses every part of the Context, ``crash`` fails on
-purpose. Its env ``Corridor-v0`` only exists through this plugin's ``mprl_make_env`` hook, so a
+Its algorithm ``probe`` uses every part of the Context and injects the faults of FAULTS.md on
+request (``--set fault=...``: raise, exit with a code, SIGKILL itself, hang, ignore the stop flag
+and SIGTERM), in every incarnation of a rank or only the first ones. Its env ``Corridor-v0`` only exists through this plugin's ``mprl_make_env`` hook, so a
 worker that creates it proves entry-point plugins load inside spawned children.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import time
 
 import attrs
@@ -49,19 +51,72 @@ class Switches(Corridor):
         self.action_space = gym.spaces.MultiBinary(3)
 
 
+FAULTS = ("none", "raise", "exit", "sigkill", "hang", "ignore_stop")
+
+
 @attrs.frozen
 class ProbeConfig:
-    crash_at_step: int = attrs.field(
-        default=-1, metadata={"help": "raise at this step (-1: never)"}
+    fault: str = attrs.field(
+        default="none",
+        validator=attrs.validators.in_(FAULTS),
+        metadata={"help": "what goes wrong at fault_at_step: " + ", ".join(FAULTS)},
     )
-    exit_code: int = attrs.field(
-        default=0, metadata={"help": "os._exit with this code at crash_at_step"}
+    fault_at_step: int = attrs.field(default=0, metadata={"help": "the worker's step of the fault"})
+    fault_rank: int = attrs.field(default=-1, metadata={"help": "rank with the fault (-1: all)"})
+    fault_times: int = attrs.field(
+        default=0, metadata={"help": "only while restarts < this (0: every incarnation)"}
+    )
+    exit_code: int = attrs.field(default=3, metadata={"help": "code for fault=exit"})
+    ignore_sigterm: bool = attrs.field(default=False, metadata={"help": "children ignore SIGTERM"})
+    trainer_fault: str = attrs.field(
+        default="none",
+        validator=attrs.validators.in_(FAULTS),
+        metadata={
+            "help": "what goes wrong in the train process once the run has fault_at_step steps"
+        },
     )
     step_sleep: float = attrs.field(default=0.0, metadata={"help": "seconds to sleep per step"})
+    model_tensors: int = attrs.field(default=1, metadata={"help": "extra parameter tensors"})
+
+
+def inject(ctx: mprl.Context, fault: str) -> None:
+    """Make ``fault`` happen in this process now."""
+    if fault == "raise":
+        raise RuntimeError(f"injected failure in {ctx.source} (restart {ctx.restarts})")
+    if fault == "exit":
+        os._exit(ctx.config.exit_code)
+    if fault == "sigkill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if fault == "hang":
+        time.sleep(3600)  # no heartbeat: should_stop is never called again
+    if fault == "ignore_stop":
+        while True:  # never returns, heartbeat or not
+            time.sleep(0.05)
+
+
+def _faulty(ctx: mprl.Context) -> bool:
+    c = ctx.config
+    return (
+        c.fault != "none"
+        and c.fault_rank in (-1, ctx.rank)
+        and (c.fault_times == 0 or ctx.restarts < c.fault_times)
+    )
+
+
+class ProbeModel(torch.nn.Module):
+    def __init__(self, n_in: int, extra: int) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(n_in, 2)
+        self.extra = torch.nn.ParameterList(
+            torch.nn.Parameter(torch.zeros(1)) for _ in range(extra)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x)
 
 
 def make_model(obs_space, act_space, config):
-    return torch.nn.Linear(int(np.prod(obs_space.shape)), 2)
+    return ProbeModel(int(np.prod(obs_space.shape)), config.model_tensors)
 
 
 def make_optimizer(params, config):
@@ -78,18 +133,27 @@ SCHEMA = schema.Schema(
 
 
 def probe_worker(ctx: mprl.Context) -> None:
+    if ctx.config.ignore_sigterm:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     env = ctx.make_env(0)
     with ctx.state.lock:
         ctx.state.envs[ctx.rank] = type(env.unwrapped).__name__
-    ctx.log(started=time.time(), seed=ctx.seed, threads=torch.get_num_threads(), rank=ctx.rank)
-    ctx.state.started.wait(timeout=60)  # every worker steps, however slowly the others start
+    ctx.log(
+        started=time.time(),
+        seed=ctx.seed,
+        threads=torch.get_num_threads(),
+        rank=ctx.rank,
+        restarts=ctx.restarts,
+        pid=os.getpid(),
+    )
+    if ctx.restarts == 0:  # every worker steps, however slowly the others start
+        ctx.state.started.wait(timeout=60)
+    faulty = _faulty(ctx)
     obs, _ = env.reset()
     ret, length, steps = 0.0, 0, 0
     while not ctx.should_stop():
-        if steps == ctx.config.crash_at_step:
-            if ctx.config.exit_code:
-                os._exit(ctx.config.exit_code)
-            raise RuntimeError(f"injected failure in worker {ctx.rank} at step {steps}")
+        if faulty and steps == ctx.config.fault_at_step:
+            inject(ctx, ctx.config.fault)
         obs, r, term, trunc, _ = env.step(env.action_space.sample())
         ret, length, steps = ret + r, length + 1, steps + 1
         ctx.add_steps(1)
@@ -107,10 +171,16 @@ def probe_worker(ctx: mprl.Context) -> None:
             ret, length = 0.0, 0
         if ctx.config.step_sleep:
             time.sleep(ctx.config.step_sleep)
+    if faulty and ctx.config.fault == "ignore_stop":
+        inject(ctx, "ignore_stop")
 
 
 def probe_train(ctx: mprl.Context) -> None:
+    if ctx.config.ignore_sigterm:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     while not ctx.should_stop():
+        if ctx.config.trainer_fault != "none" and ctx.env_steps >= ctx.config.fault_at_step:
+            inject(ctx, ctx.config.trainer_fault)
         time.sleep(0.05)
     ctx.log(trainer_saw_visits=sum(ctx.state.visits), trainer_seen=float(ctx.state.seen.sum()))
 
