@@ -8,6 +8,7 @@ Algorithms only ever see the Context, so a new backend (a Ray cluster) needs no 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
@@ -36,6 +37,8 @@ class Job:
     state_snapshot: Mapping[str, Any] = attrs.field(factory=dict)
     #: 0 for a new run, 1 after the first resume, ...; part of every child's seed
     session: int = 0
+    #: the run directory, for the backend's own files (``logs/``); a temp dir when ``None``
+    run_dir: Path | None = None
 
 
 @attrs.frozen
@@ -60,6 +63,7 @@ class Outcome:
     stop_reason: str
     failures: Sequence[ChildFailure] = ()
     restarts: Sequence[int] = ()  # per worker rank
+    shutdown_s: float | None = None  # from the stop signal to the last child gone
 
 
 class Monitor(Protocol):

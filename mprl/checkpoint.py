@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import pickle
 import random
-import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -68,24 +67,17 @@ def load(path: str | Path) -> tuple[Path, dict[str, Any]]:
         )
     try:
         data = torch.load(file, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        if "Unsupported global" in str(exc) or "weights_only" in first.lower():
+    except Exception as exc:  # torch.load raises many kinds on damaged input
+        text = str(exc).strip()
+        if isinstance(exc, pickle.UnpicklingError) and "Unsupported global" in text:
             raise UsageError(
                 f"checkpoint {str(file)!r} is not an mprl checkpoint: it holds Python objects, "
                 "not just tensors and plain data"
             ) from None
+        first = text.splitlines()[0] if text else type(exc).__name__
         raise UsageError(
-            f"checkpoint {str(file)!r} is truncated or corrupt ({first}); "
-            "mprl writes checkpoints atomically, so this file was not written by mprl or was "
-            "damaged afterwards"
-        ) from None
-    except (RuntimeError, EOFError, ValueError, OSError, zipfile.BadZipFile) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UsageError(
-            f"checkpoint {str(file)!r} is truncated or corrupt ({first}); "
-            "mprl writes checkpoints atomically, so this file was not written by mprl or was "
-            "damaged afterwards"
+            f"checkpoint {str(file)!r} is truncated or corrupt ({first}); mprl writes "
+            "checkpoints atomically, so this file was not written by mprl or was damaged later"
         ) from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise UsageError(

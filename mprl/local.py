@@ -39,6 +39,8 @@ STOP_GRACE_S = 5.0
 KILL_GRACE_S = 2.0
 TICK_S = 0.25
 MAX_RESTART_DELAY_S = 60.0
+#: a child's first heartbeat comes after its imports; until then it gets at least this long
+STARTUP_TIMEOUT_S = 120.0
 _STOP = 0  # index of the stop flag in the control tensor
 _STOP_SIGNALS = (-signal.SIGTERM, -signal.SIGINT)
 PARENT_DIED_EXIT = 70  # a child's exit code when it left because the main process died
@@ -188,6 +190,7 @@ class _Child:
     restarts: int = 0  # restarts spent on this rank
     consecutive: int = 0  # failures in a row without a step in between
     steps_at_start: int = 0
+    started_at: float = 0.0
     restart_at: float | None = None  # monotonic time of a pending restart
     done: bool = False  # ended for good
 
@@ -219,6 +222,10 @@ class _LocalRun:
 
     def __init__(self, job: Job, monitor: Monitor) -> None:
         self.job, self.monitor = job, monitor
+        self._tmp = None if job.run_dir is not None else tempfile.TemporaryDirectory()
+        # where each child's stack goes when it is killed for hanging (see _child_main)
+        self.logs = Path(self._tmp.name if self._tmp else job.run_dir) / "logs"  # type: ignore[arg-type]
+        self.logs.mkdir(exist_ok=True)
 
     def execute(self) -> Outcome:
         job, monitor = self.job, self.monitor
@@ -257,11 +264,13 @@ class _LocalRun:
                     time.sleep(job.run.start_interval)
             server_process = manager._process if manager is not None else None  # type: ignore[attr-defined]
             reason, failures = self._supervise(server_process)
+            stop_start = time.monotonic()
             channel.control[_STOP] = 1
             failures += self._stop()
+            shutdown_s = time.monotonic() - stop_start
             monitor.on_stop(channel.steps.tolist())
             restarts = tuple(c.restarts for c in self.children if c.role == "worker")
-            return Outcome(stop_reason=reason, failures=failures, restarts=restarts)
+            return Outcome(reason, failures, restarts, round(shutdown_s, 3))
         finally:
             for child in self.children:  # only reached with live children on an unexpected error
                 if child.process is not None:
@@ -269,8 +278,12 @@ class _LocalRun:
                         child.process.kill()
                     child.process.join()
                 with contextlib.suppress(OSError):
-                    if child.stack_file:
-                        os.unlink(child.stack_file)
+                    if child.stack_file and not os.path.getsize(child.stack_file):
+                        os.unlink(child.stack_file)  # kept when it holds a hung child's stack
+            with contextlib.suppress(OSError):
+                self.logs.rmdir()  # only if empty
+            if self._tmp is not None:
+                self._tmp.cleanup()
             records.close()
             records.join_thread()
             if manager is not None:
@@ -294,11 +307,11 @@ class _LocalRun:
             restarts=child.restarts,
         )
         if not child.stack_file:
-            fd, child.stack_file = tempfile.mkstemp(prefix=f"mprl-{child.source}-", suffix=".stack")
-            os.close(fd)
+            child.stack_file = str(self.logs / f"{child.source.replace(':', '-')}.stack")
         name = f"mprl-{child.role}" + (f"-{child.rank}" if child.rank >= 0 else "")
         child.steps_at_start = int(self.channel.steps[child.slot])
-        self.channel.beats[child.slot] = time.monotonic()
+        child.started_at = time.monotonic()
+        self.channel.beats[child.slot] = 0.0  # "starting": the child's first beat sets it
         child.process = self.ctx.Process(
             target=_child_main,
             args=(_target(job, child.role), context, self.threads, child.stack_file),
@@ -328,8 +341,10 @@ class _LocalRun:
                     continue
                 code = child.process.exitcode
                 if code is None:
-                    silent = now - float(self.channel.beats[child.slot])
-                    if not timeout or silent < timeout:
+                    last = float(self.channel.beats[child.slot])
+                    silent = now - (last or child.started_at)
+                    limit = timeout if last else max(timeout, STARTUP_TIMEOUT_S)
+                    if not timeout or silent < limit:
                         continue
                     failure = self._kill_hung(child, silent)
                 elif code == 0:

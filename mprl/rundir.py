@@ -71,6 +71,8 @@ class RunDir:
         p = Path(path)
         if not (p / "checkpoints").is_dir():
             raise UsageError(f"{str(p)!r} is not a run directory (it has no checkpoints/)")
+        for stale in p.glob("**/.*.tmp"):  # a write cut short by a crash of the last session
+            stale.unlink(missing_ok=True)
         return cls(p)
 
     def write_json(self, name: str, data: Mapping[str, Any]) -> Path:

@@ -124,6 +124,7 @@ class Summary:
     per_worker_steps: tuple[int, ...] = ()
     restarts: tuple[int, ...] = ()  # per worker rank, in this session
     session: int = 0  # how many times the run was resumed
+    shutdown_s: float | None = None  # seconds from the stop signal to the last child gone
     failures: tuple[ChildFailure, ...] = ()
     signal: int | None = None
 
@@ -586,6 +587,7 @@ def run(
         initial_steps=initial_steps,
         state_snapshot=snapshot,
         session=session,
+        run_dir=rundir.path,
     )
     display = Progress(progress)
     signals = _Signals()
@@ -636,6 +638,7 @@ def run(
         per_worker_steps=stats.per_worker[: run_cfg.workers],
         restarts=tuple(outcome.restarts),
         session=session,
+        shutdown_s=outcome.shutdown_s,
         failures=tuple(outcome.failures),
         signal=signals.received,
     )

@@ -3,12 +3,17 @@ check that no process or shared-memory segment outlives a test."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -78,6 +83,37 @@ def cli(
     )
 
 
+@contextlib.contextmanager
+def running(args: list[str], **kw: Any) -> Iterator[subprocess.Popen[str]]:
+    """``python -m mprl run ARGS`` in the background, killed if the test ends before it does."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mprl", "run", *args],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw,
+    )  # fmt: skip
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def wait_for_metrics(run_dir: Path, until: Any = None, timeout: float = 60) -> list[dict]:
+    """Wait until ``metrics.jsonl`` has a record (one for which ``until(record)`` is true)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        records = read_metrics(run_dir)
+        if records and (until is None or any(until(r) for r in records)):
+            return records
+        time.sleep(0.1)
+    raise AssertionError(f"the run did not report what the test waits for in {timeout} s")
+
+
 def child_pids(pid: int) -> list[int]:
     """Live descendants of ``pid`` (read from /proc, zombies excluded)."""
     by_parent: dict[int, list[int]] = {}
@@ -126,17 +162,55 @@ def shm_entries() -> set[str]:
     return {p.name for p in shm.iterdir()} if shm.exists() else set()
 
 
+def marked_pids(mark: str) -> list[int]:
+    """Live processes whose environment holds ``MPRL_TEST_MARK=mark``: every process a test
+    started, however deep, even after its parent died and it was re-parented to init."""
+    needle = f"MPRL_TEST_MARK={mark}".encode()
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if needle in (entry / "environ").read_bytes().split(b"\0") and alive(int(entry.name)):
+                out.append(int(entry.name))
+        except OSError:
+            continue
+    return out
+
+
+def temp_leftovers() -> set[str]:
+    tmp = Path(tempfile.gettempdir())
+    return {
+        p.name for pattern in ("pytorch-errorfile-*", "mprl-*") for p in tmp.glob(pattern)
+    }
+
+
+def clean_stderr(stderr: str) -> None:
+    """What a run must never print: leaked-semaphore warnings, KeyboardInterrupt tracebacks."""
+    assert "leaked semaphore" not in stderr and "resource_tracker" not in stderr, stderr
+    assert "KeyboardInterrupt" not in stderr, stderr
+
+
 @pytest.fixture(autouse=True)
-def no_leftovers() -> Iterator[None]:
-    """Every test must leave no child process and no new shared-memory segment behind."""
-    before = shm_entries()
+def no_leftovers(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Every test must leave no process (child or orphan), shared-memory segment, semaphore or
+    temp file behind."""
+    mark = uuid.uuid4().hex
+    monkeypatch.setenv("MPRL_TEST_MARK", mark)
+    before, tmp_before = shm_entries(), temp_leftovers()
     yield
     deadline = time.monotonic() + 5
-    while (kids := _non_tracker(child_pids(os.getpid()))) and time.monotonic() < deadline:
+    while time.monotonic() < deadline:
+        kids = _non_tracker(child_pids(os.getpid()))
+        orphans = [p for p in marked_pids(mark) if p not in child_pids(os.getpid())]
+        if not kids and not orphans:
+            break
         time.sleep(0.1)
     new_shm = shm_entries() - before
     assert not kids, f"processes left behind: {[(k, _cmdline(k)) for k in kids]}"
+    assert not orphans, f"orphaned processes left behind: {[(k, _cmdline(k)) for k in orphans]}"
     assert not new_shm, f"shared memory left behind: {sorted(new_shm)}"
+    assert not temp_leftovers() - tmp_before, f"temp files left: {temp_leftovers() - tmp_before}"
 
 
 @pytest.fixture

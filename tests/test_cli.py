@@ -6,16 +6,13 @@ import contextlib
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.conftest import alive, child_pids, cli
+from tests.conftest import alive, child_pids, cli, running, wait_for_metrics
 
 
 @pytest.mark.parametrize(
@@ -98,21 +95,6 @@ def test_run_help_with_plugin_lists_its_config_fields():
     assert "Adam learning rate" in proc.stdout
 
 
-@contextlib.contextmanager
-def running(args: list[str]) -> Iterator[subprocess.Popen[str]]:
-    """A CLI run in the background, killed if the test ends before it does."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "mprl", "run", *args],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    try:
-        yield proc
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.communicate()
-
-
 A3C_FOREVER = [
     "--plugin",
     "a3c",
@@ -126,21 +108,11 @@ A3C_FOREVER = [
 PROBE_FOREVER = ["--plugin", "probe", "--workers", "2", "--set", "step_sleep=0.01", "--quiet"]
 
 
-def _wait_for_steps(run_dir, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    metrics = run_dir / "metrics.jsonl"
-    while time.monotonic() < deadline:
-        if metrics.exists() and metrics.stat().st_size > 0:
-            return
-        time.sleep(0.2)
-    raise AssertionError("the run reported nothing")
-
-
 @pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_signal_stops_cleanly_with_checkpoint_and_exit_code(tmp_path, sig, code):
     run_dir = tmp_path / "run"
     with running([*A3C_FOREVER, "--run-dir", str(run_dir)]) as proc:
-        _wait_for_steps(run_dir)
+        wait_for_metrics(run_dir)
         kids = child_pids(proc.pid)
         assert len(kids) >= 3  # two workers and multiprocessing's resource tracker
         start = time.monotonic()
@@ -165,7 +137,7 @@ def test_sigterm_to_the_whole_process_group_is_a_clean_stop(installed, tmp_path)
     run_dir = tmp_path / "run"
     with running(["--plugin", "probe", "--workers", "2", "--set", "step_sleep=0.01", "--quiet",
                   "--run-dir", str(run_dir)]) as proc:  # fmt: skip
-        _wait_for_steps(run_dir)
+        wait_for_metrics(run_dir)
         for pid in [proc.pid, *child_pids(proc.pid)]:  # what `kill -TERM -PGID` would do
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
@@ -188,7 +160,7 @@ def test_children_exit_by_themselves_when_the_main_process_is_killed(installed, 
     run_dir = tmp_path / "run"
     # probe has a Manager (its schema) and a train process: every kind of child is there
     with running([*PROBE_FOREVER, "--run-dir", str(run_dir)]) as proc:
-        _wait_for_steps(run_dir)
+        wait_for_metrics(run_dir)
         kids = child_pids(proc.pid)
         assert len(kids) >= 4  # Manager server, two workers, train process (+ resource tracker)
         proc.kill()
@@ -204,7 +176,7 @@ def test_children_exit_by_themselves_when_the_main_process_is_killed(installed, 
 def test_a_dead_manager_server_aborts_the_run_naming_it(installed, tmp_path):
     run_dir = tmp_path / "run"
     with running([*PROBE_FOREVER, "--run-dir", str(run_dir)]) as proc:
-        _wait_for_steps(run_dir)
+        wait_for_metrics(run_dir)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:  # children name themselves once they are up
             names = {k: _comm(k) for k in child_pids(proc.pid)}

@@ -14,10 +14,7 @@ import torch
 
 import mprl
 from mprl.plugins import get_plugin_manager
-
-
-def read_metrics(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+from tests.conftest import read_metrics
 
 
 def test_a3c_short_run_updates_the_shared_model_and_writes_the_run_dir(run_dir):

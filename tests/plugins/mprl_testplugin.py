@@ -152,7 +152,7 @@ def probe_worker(ctx: mprl.Context) -> None:
     obs, _ = env.reset()
     ret, length, steps = 0.0, 0, 0
     while not ctx.should_stop():
-        if faulty and steps == ctx.config.fault_at_step:
+        if faulty and steps == ctx.config.fault_at_step and ctx.config.fault != "ignore_stop":
             inject(ctx, ctx.config.fault)
         obs, r, term, trunc, _ = env.step(env.action_space.sample())
         ret, length, steps = ret + r, length + 1, steps + 1
