@@ -83,7 +83,7 @@ class RunConfig:
     worker_timeout: float = attrs.field(
         default=60.0,
         validator=v.ge(0),
-        metadata={"help": "seconds without a heartbeat before a child counts as hung (0: off)"},
+        metadata={"help": "seconds without a heartbeat (after start-up) until hung; 0: off"},
     )
     checkpoint_every: float = attrs.field(
         default=60.0,

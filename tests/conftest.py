@@ -83,6 +83,15 @@ def cli(
     )
 
 
+def cli_here(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    """``python -m mprl ARGS`` in this process (for errors raised before anything starts,
+    where a subprocess would only add its start-up time); returns the exit code and stderr."""
+    from mprl.cli import main
+
+    code = main(list(args))
+    return code, capsys.readouterr().err
+
+
 @contextlib.contextmanager
 def running(args: list[str], **kw: Any) -> Iterator[subprocess.Popen[str]]:
     """``python -m mprl run ARGS`` in the background, killed if the test ends before it does."""
@@ -180,9 +189,7 @@ def marked_pids(mark: str) -> list[int]:
 
 def temp_leftovers() -> set[str]:
     tmp = Path(tempfile.gettempdir())
-    return {
-        p.name for pattern in ("pytorch-errorfile-*", "mprl-*") for p in tmp.glob(pattern)
-    }
+    return {p.name for pattern in ("pytorch-errorfile-*", "mprl-*") for p in tmp.glob(pattern)}
 
 
 def clean_stderr(stderr: str) -> None:

@@ -20,6 +20,7 @@ from tests.conftest import (
     child_pids,
     clean_stderr,
     cli,
+    cli_here,
     read_metrics,
     running,
     wait_for_metrics,
@@ -127,7 +128,7 @@ def test_resume_after_the_main_process_was_killed(installed, tmp_path):
     assert trainer["trainer_seen"] == pytest.approx(summary["env_steps"], abs=4)
 
 
-def test_bad_checkpoints_exit_2_naming_the_file(installed, tmp_path):
+def test_bad_checkpoints_exit_2_naming_the_file(installed, tmp_path, capsys):
     good = tmp_path / "good"
     args = ["--plugin", "probe", "--workers", "1", "--total-steps", "200", "--quiet"]
     assert cli("run", *args, "--run-dir", str(good)).returncode == 0
@@ -153,11 +154,12 @@ def test_bad_checkpoints_exit_2_naming_the_file(installed, tmp_path):
     ]  # fmt: skip
     (tmp_path / "nothing").mkdir()
     for run_dir, extra, message in cases:
-        proc = cli("run", "--resume", str(run_dir), *extra, "--quiet")
-        assert proc.returncode == 2, (run_dir, proc.stderr)
-        assert message in proc.stderr, proc.stderr
-        assert str(run_dir) in proc.stderr and "Traceback" not in proc.stderr
+        code, stderr = cli_here(capsys, "run", "--resume", str(run_dir), *extra, "--quiet")
+        assert code == 2, (run_dir, stderr)
+        assert message in stderr, stderr
+        assert str(run_dir) in stderr and "Traceback" not in stderr
     # nothing was started or appended: the good run directory is as it was
     assert torch.load(ckpt, weights_only=True)["session"] == 0
     proc = cli("run", "--resume", str(good), "--plugin", "probe", "--quiet", "-p", "no:testplugin")
     assert proc.returncode == 2 and "algorithm 'probe' of plugin 'testplugin'" in proc.stderr
+    assert str(ckpt) in proc.stderr

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import alive, child_pids, cli, running, wait_for_metrics
+from tests.conftest import alive, child_pids, cli, cli_here, running, wait_for_metrics
 
 
 @pytest.mark.parametrize(
@@ -32,16 +33,22 @@ from tests.conftest import alive, child_pids, cli, running, wait_for_metrics
     ],
 )  # fmt: skip
 def test_bad_input_exits_2_with_one_clear_line_and_starts_nothing(
-    installed, tmp_path, args, message
+    installed, tmp_path, capsys, args, message
 ):
     run_dir = tmp_path / "run"
-    proc = cli("run", *args, "--run-dir", str(run_dir))
-    assert proc.returncode == 2, proc.stderr
-    import re
-
-    assert re.search(message, proc.stderr), proc.stderr
-    assert "Traceback" not in proc.stderr
+    code, stderr = cli_here(capsys, "run", *args, "--run-dir", str(run_dir))
+    assert code == 2, stderr
+    assert re.search(message, stderr), stderr
+    assert "Traceback" not in stderr
     assert not run_dir.exists()
+
+
+def test_bad_input_through_a_real_process(installed, tmp_path):
+    proc = cli("run", "--plugin", "a3c", "--set", "lr=-1", "--run-dir", str(tmp_path / "run"))
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "mprl: error: a3c config: field 'lr': 'lr' must be > 0.0: -1.0"
+    ]
 
 
 def test_bad_toml_config_names_the_file_and_field(installed, tmp_path):

@@ -104,13 +104,13 @@ def test_worker_killed_is_restarted_on_its_rank_and_the_run_goes_on(installed, r
 def test_restarts_exhausted(installed, run_dir):
     code, stderr, summary, _ = run_probe(
         run_dir, "fault=raise", "fault_rank=0", "fault_at_step=20",
-        "--max-restarts", "2", "--restart-delay", "0.1", steps=10**9,
+        "--max-restarts", "1", "--restart-delay", "0.1", steps=10**9,
     )  # fmt: skip
     assert code == 1
-    assert "worker 0 exited with code 1; no restarts left (2 of 2 spent)" in stderr
-    assert stderr.count("restarting it in 0.1 s") == 2  # it made progress each time: no back-off
-    assert summary["restarts"] == [2, 0]
-    assert len(events(run_dir, "restart")) == 2
+    assert "worker 0 exited with code 1; no restarts left (1 of 1 spent)" in stderr
+    assert "RuntimeError: injected failure in worker:0 (restart 1)" in stderr
+    assert summary["restarts"] == [1, 0]
+    assert len(events(run_dir, "restart")) == 1
 
 
 # 3: restarts exhausted, consecutive failures without a step
@@ -200,6 +200,9 @@ def test_second_sigint_forces_a_fast_exit(installed, run_dir):
     clean_stderr(stderr)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "interrupted" and summary["stop_reason"].startswith("second SIGINT")
+    deadline = time.monotonic() + 5  # the resource tracker follows its parent
+    while [k for k in kids if alive(k)] and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert not [k for k in kids if alive(k)]
 
 
