@@ -58,8 +58,12 @@ def measure(name: str, args: list[str], fault: Callable[[subprocess.Popen, Path]
     _wait(lambda: any("episode_return" in r for r in read_metrics(run_dir)))
     time.sleep(1.0)
     t0 = time.monotonic()
-    fault(proc, run_dir)
-    proc.wait(timeout=120)
+    try:
+        fault(proc, run_dir)
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
     exited = time.monotonic() - t0
     _wait(lambda: not marked_pids(mark), timeout=30)
     gone = time.monotonic() - t0
@@ -90,9 +94,16 @@ def _kill_child(name: str, sig: int = signal.SIGKILL) -> Callable[[subprocess.Po
     return fault
 
 
+def _worker(proc: subprocess.Popen, rank: int) -> int | None:
+    pids = [p for p in child_pids(proc.pid) if _comm(p) == f"mprl-worker-{rank}"]
+    return pids[0] if pids else None
+
+
 def _kill_worker_then_stop(proc: subprocess.Popen, run_dir: Path) -> None:
+    old = _worker(proc, 1)
     _kill_child("mprl-worker-1")(proc, run_dir)
-    _wait(lambda: any(r.get("restarts") == 1 and "started" in r for r in read_metrics(run_dir)))
+    _wait(lambda: _worker(proc, 1) not in (None, old))
+    time.sleep(3)  # the restarted worker is stepping again
     proc.send_signal(signal.SIGINT)
 
 
