@@ -37,6 +37,8 @@ class Job:
     state_snapshot: Mapping[str, Any] = attrs.field(factory=dict)
     #: 0 for a new run, 1 after the first resume, ...; part of every child's seed
     session: int = 0
+    #: objects from the algorithm's ``make_shared``, added to the shared state
+    extra_state: Mapping[str, Any] = attrs.field(factory=dict)
     #: the run directory, for the backend's own files (``logs/``); a temp dir when ``None``
     run_dir: Path | None = None
 

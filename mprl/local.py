@@ -255,6 +255,8 @@ class _LocalRun:
                     server.start(initializer=_init_child, initargs=("mprl-manager",))
                     manager = server
                 self.state = job.algorithm.schema.build(manager, n)
+            for name, value in job.extra_state.items():
+                setattr(self.state, name, value)
             if job.state_snapshot:
                 skipped = job.algorithm.schema.restore(self.state, job.state_snapshot)
                 if skipped:

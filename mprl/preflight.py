@@ -34,6 +34,19 @@ def shared_bytes(tensors: Iterable[torch.Tensor]) -> tuple[int, int]:
     return sum(seen.values()), len(seen)
 
 
+def check_shm(nbytes: int, what: str, shm: str = SHM) -> None:
+    """Raise :class:`UsageError` with the fix when ``nbytes`` do not fit in ``/dev/shm``."""
+    if not os.path.isdir(shm):
+        return
+    free = shutil.disk_usage(shm).free
+    if nbytes > free:
+        raise UsageError(
+            f"the run needs about {nbytes / MIB:,.0f} MiB of shared memory for {what}, but "
+            f"{shm} has {free / MIB:,.0f} MiB free. Fix: free space in {shm}, give it more "
+            f"(docker run --shm-size=8g; or mount -o remount,size=8G {shm}), or make it smaller"
+        )
+
+
 def check(*, shm_bytes: int, storages: int, processes: int, shm: str = SHM) -> list[str]:
     """Raise :class:`UsageError` when the run cannot fit; return notes on what was adjusted.
 
@@ -42,15 +55,7 @@ def check(*, shm_bytes: int, storages: int, processes: int, shm: str = SHM) -> l
     :param processes: how many child processes the run starts.
     """
     notes = []
-    if os.path.isdir(shm):
-        free = shutil.disk_usage(shm).free
-        if shm_bytes > free:
-            raise UsageError(
-                f"the run needs about {shm_bytes / MIB:,.0f} MiB of shared memory for its model, "
-                f"optimizer state and shared tensors, but {shm} has {free / MIB:,.0f} MiB free. "
-                f"Fix: free space in {shm}, give it more (docker run --shm-size=8g; or "
-                f"mount -o remount,size=8G {shm}), or make the model or shared tensors smaller"
-            )
+    check_shm(shm_bytes, "its model, optimizer state and shared tensors", shm)
     if torch.multiprocessing.get_sharing_strategy() == "file_descriptor":
         open_now = len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else 16
         need = open_now + storages + FDS_PER_CHILD * processes + FDS_SPARE

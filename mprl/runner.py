@@ -535,11 +535,20 @@ def run(
             _load_state(resumed, "optimizer state", optimizer, resumed.data["optimizer"], algo)
         materialize_optimizer_state(optimizer)
     has_trainer = algo.train is not None
+    extra: dict[str, Any] = {}
+    if algo.make_shared is not None:
+        extra = dict(algo.make_shared(obs_space, act_space, cfg, run_cfg.workers))
+        clash = set(extra) & set(algo.schema.fields)
+        if clash:
+            raise PluginError(
+                f"algorithm {algo.name!r}: make_shared returned {', '.join(sorted(clash))}, "
+                "already a field of its schema; use other names"
+            )
     tensors = [*model.parameters(), *model.buffers(), *_optimizer_tensors(optimizer)]
     nbytes, storages = preflight.shared_bytes(tensors)
     notes = preflight.check(
         shm_bytes=nbytes + algo.schema.shm_bytes(run_cfg.workers),
-        storages=storages + len(algo.schema.fields) + 3,
+        storages=storages + len(algo.schema.fields) + 4 * len(extra) + 3,
         processes=run_cfg.workers + int(has_trainer) + 1,
     )
     model.share_memory()
@@ -587,6 +596,7 @@ def run(
         initial_steps=initial_steps,
         state_snapshot=snapshot,
         session=session,
+        extra_state=extra,
         run_dir=rundir.path,
     )
     display = Progress(progress)

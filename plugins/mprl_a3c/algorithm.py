@@ -13,7 +13,7 @@ from attrs import validators as v
 from torch import nn
 
 import mprl
-from mprl_a3c.model import ActorCritic
+from mprl.nets import ActorCritic
 
 LOG_EVERY = 50  # updates between loss records: reporting must not cost more than learning
 

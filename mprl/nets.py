@@ -1,4 +1,5 @@
-"""Actor-critic networks for Discrete (categorical) and Box (diagonal Gaussian) action spaces."""
+"""Actor-critic networks for Discrete (categorical) and Box (diagonal Gaussian) action spaces,
+for algorithm plugins to build on (the built-in a3c and impala use them)."""
 
 from __future__ import annotations
 

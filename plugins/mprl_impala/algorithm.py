@@ -1,0 +1,233 @@
+"""IMPALA: workers collect rollouts into shared-memory slots, one train process learns with
+V-trace (Espeholt et al. 2018) and publishes weights back."""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import attrs
+import gymnasium as gym
+import numpy as np
+import torch
+from attrs import validators as v
+from torch import nn
+
+import mprl
+from mprl.nets import ActorCritic
+from mprl.transport import Rollouts, Weights
+
+LOG_EVERY_S = 2.0  # how often the learner reports losses, rates and staleness
+
+
+def _help(text: str) -> dict[str, str]:
+    return {"help": text}
+
+
+@attrs.frozen
+class ImpalaConfig:
+    """IMPALA hyperparameters; the defaults solve CartPole-v1 on two cores."""
+
+    envs_per_worker: int = attrs.field(
+        default=16, validator=v.ge(1), metadata=_help("environments each worker steps together")
+    )
+    unroll: int = attrs.field(
+        default=16, validator=v.ge(1), metadata=_help("steps per environment in one rollout")
+    )
+    batch_rollouts: int = attrs.field(
+        default=2, validator=v.ge(1), metadata=_help("rollouts per learner update")
+    )
+    slots_per_worker: int = attrs.field(
+        default=2, validator=v.ge(1), metadata=_help("rollout slots in flight per worker")
+    )
+    gamma: float = attrs.field(
+        default=0.99, validator=[v.gt(0.0), v.le(1.0)], metadata=_help("discount factor")
+    )
+    lr: float = attrs.field(default=1e-3, validator=v.gt(0.0), metadata=_help("Adam learning rate"))
+    entropy_coef: float = attrs.field(
+        default=0.01, validator=v.ge(0.0), metadata=_help("weight of the entropy bonus")
+    )
+    value_coef: float = attrs.field(
+        default=0.5, validator=v.ge(0.0), metadata=_help("weight of the value loss")
+    )
+    rho_bar: float = attrs.field(
+        default=1.0, validator=v.gt(0.0), metadata=_help("V-trace importance weight clip")
+    )
+    c_bar: float = attrs.field(
+        default=1.0, validator=v.gt(0.0), metadata=_help("V-trace trace-cutting clip")
+    )
+    max_grad_norm: float = attrs.field(
+        default=0.5, validator=v.gt(0.0), metadata=_help("gradient norm clip per update")
+    )
+    normalize_advantages: bool = attrs.field(
+        default=True, metadata=_help("normalise policy-gradient advantages per update")
+    )
+    hidden: tuple[int, ...] = attrs.field(
+        default=(64, 64),
+        converter=tuple,
+        validator=v.deep_iterable(v.and_(v.instance_of(int), v.gt(0))),
+        metadata=_help("hidden layer sizes of the policy and value networks"),
+    )
+
+
+def make_model(obs_space: gym.Space, act_space: gym.Space, config: ImpalaConfig) -> nn.Module:
+    return ActorCritic(obs_space, act_space, config.hidden)
+
+
+def make_optimizer(params: Iterable[nn.Parameter], config: ImpalaConfig) -> torch.optim.Optimizer:
+    return torch.optim.Adam(params, lr=config.lr, eps=1e-5)
+
+
+def make_shared(
+    obs_space: gym.Space, act_space: gym.Space, config: ImpalaConfig, n_workers: int
+) -> Mapping[str, Any]:
+    """Rollout slots sized from the spaces and the config, and the weight version counter."""
+    t, e = config.unroll, config.envs_per_worker
+    discrete = isinstance(act_space, gym.spaces.Discrete)
+    spec = {
+        "obs": ((t + 1, e, *obs_space.shape), torch.float32),
+        "action": ((t, e), torch.int64) if discrete else ((t, e, *act_space.shape), torch.float32),
+        "logp": ((t, e), torch.float32),
+        "reward": ((t, e), torch.float32),
+        "done": ((t, e), torch.float32),
+    }
+    slots = max(config.slots_per_worker * n_workers, config.batch_rollouts)
+    return {"rollouts": Rollouts(spec, slots), "weights": Weights()}
+
+
+def worker(ctx: mprl.Context) -> None:
+    """Step ``envs_per_worker`` environments with the newest published policy, one batched
+    forward per step, and hand each rollout to the learner through a shared-memory slot."""
+    cfg: ImpalaConfig = ctx.config
+    rollouts: Rollouts = ctx.state.rollouts
+    weights: Weights = ctx.state.weights
+    shared: ActorCritic = ctx.model  # type: ignore[assignment]
+    local = copy.deepcopy(shared)
+    version = -1
+    envs = [ctx.make_env(i) for i in range(cfg.envs_per_worker)]
+    obs = torch.as_tensor(np.stack([env.reset()[0] for env in envs]), dtype=torch.float32)
+    ep_return = np.zeros(len(envs))
+    ep_length = np.zeros(len(envs), dtype=np.int64)
+    while (index := rollouts.acquire(ctx.should_stop)) is not None:
+        version = weights.pull(shared, local, version)
+        slot = rollouts.slot(index)
+        for t in range(cfg.unroll):
+            with torch.no_grad():
+                out, _ = local(obs)
+                actions = local.sample(out)
+                logp, _ = local.log_prob_entropy(out, actions)
+            slot["obs"][t] = obs
+            slot["action"][t] = actions
+            slot["logp"][t] = logp
+            env_actions = local.to_env(actions)
+            next_obs = []
+            for i, env in enumerate(envs):
+                o, r, terminated, truncated, _ = env.step(env_actions[i])
+                ep_return[i] += r
+                ep_length[i] += 1
+                if truncated and not terminated:
+                    # a time limit, not a failure: the value of where it stopped still counts
+                    with torch.no_grad():
+                        r += cfg.gamma * local.v(torch.as_tensor(o, dtype=torch.float32)).item()
+                if terminated or truncated:
+                    ctx.log_episode(ep_return[i], ep_length[i])
+                    ep_return[i], ep_length[i] = 0.0, 0
+                    o, _ = env.reset()
+                slot["reward"][t, i] = float(r)
+                slot["done"][t, i] = float(terminated or truncated)
+                next_obs.append(o)
+            obs = torch.as_tensor(np.stack(next_obs), dtype=torch.float32)
+        slot["obs"][cfg.unroll] = obs
+        slot["version"].fill_(version)
+        slot["source"].fill_(ctx.rank)
+        rollouts.commit(index)
+        ctx.add_steps(cfg.unroll * len(envs))
+    for env in envs:
+        env.close()
+
+
+def vtrace(
+    log_rhos: torch.Tensor,
+    discounts: torch.Tensor,
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    bootstrap: torch.Tensor,
+    rho_bar: float = 1.0,
+    c_bar: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """V-trace targets ``vs`` and policy-gradient advantages over a ``[T, N]`` rollout.
+
+    ``log_rhos`` are log(target / behaviour) probabilities of the taken actions; ``discounts``
+    are ``gamma * (1 - done)``; ``values`` are V(x_t) and ``bootstrap`` V(x_T).
+    """
+    with torch.no_grad():
+        rhos = log_rhos.exp()
+        clipped_rhos = rhos.clamp(max=rho_bar)
+        cs = rhos.clamp(max=c_bar)
+        next_values = torch.cat([values[1:], bootstrap.unsqueeze(0)])
+        deltas = clipped_rhos * (rewards + discounts * next_values - values)
+        acc = torch.zeros_like(bootstrap)
+        vs_minus_v = torch.empty_like(values)
+        for t in range(values.shape[0] - 1, -1, -1):
+            acc = deltas[t] + discounts[t] * cs[t] * acc
+            vs_minus_v[t] = acc
+        vs = vs_minus_v + values
+        next_vs = torch.cat([vs[1:], bootstrap.unsqueeze(0)])
+        advantages = clipped_rhos * (rewards + discounts * next_vs - values)
+    return vs, advantages
+
+
+def train(ctx: mprl.Context) -> None:
+    """Learn from batches of rollouts with V-trace; publish every update to the workers."""
+    cfg: ImpalaConfig = ctx.config
+    rollouts: Rollouts = ctx.state.rollouts
+    weights: Weights = ctx.state.weights
+    model: ActorCritic = ctx.model  # type: ignore[assignment]
+    optimizer = ctx.optimizer
+    assert optimizer is not None
+    last_log, updates_at_log = time.monotonic(), 0
+    staleness: list[float] = []
+    while (taken := rollouts.take_batch(cfg.batch_rollouts, ctx.should_stop)) is not None:
+        _, batch = taken
+        obs = batch["obs"].flatten(1, 2)  # [T + 1, B * E, ...]
+        actions = batch["action"].flatten(1, 2)
+        t_len, n = actions.shape[:2]
+        out, values = model(obs.flatten(0, 1))
+        out, values = out.view(t_len + 1, n, -1), values.view(t_len + 1, n)
+        logp, entropy = model.log_prob_entropy(out[:-1], actions)
+        discounts = cfg.gamma * (1.0 - batch["done"].flatten(1, 2))
+        vs, advantages = vtrace(
+            logp.detach() - batch["logp"].flatten(1, 2),
+            discounts,
+            batch["reward"].flatten(1, 2),
+            values[:-1].detach(),
+            values[-1].detach(),
+            cfg.rho_bar,
+            cfg.c_bar,
+        )
+        if cfg.normalize_advantages and advantages.numel() > 1:
+            advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+        policy_loss = -(logp * advantages).mean()
+        value_loss = 0.5 * (vs - values[:-1]).pow(2).mean()
+        entropy_mean = entropy.mean()
+        loss = policy_loss + cfg.value_coef * value_loss - cfg.entropy_coef * entropy_mean
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+        with weights.writing():
+            optimizer.step()
+        staleness.append(float(weights.version - 1 - batch["version"].float().mean()))
+        now = time.monotonic()
+        if now - last_log >= LOG_EVERY_S:
+            ctx.log(
+                policy_loss=policy_loss.item(),
+                value_loss=value_loss.item(),
+                entropy=entropy_mean.item(),
+                grad_norm=float(grad_norm),
+                updates=weights.version,
+                updates_per_s=(weights.version - updates_at_log) / (now - last_log),
+                staleness=sum(staleness) / len(staleness),
+            )
+            last_log, updates_at_log, staleness = now, weights.version, []
