@@ -26,14 +26,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tests.conftest import child_pids, marked_pids, read_metrics, write_distribution  # noqa: E402
-
-
-def _comm(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/comm").read_text().strip()
-    except OSError:
-        return ""
+from tests.conftest import child_pids, comm, marked_pids, read_metrics, write_distribution  # noqa: E402
 
 
 def _wait(cond: Callable[[], object], timeout: float = 90) -> object:
@@ -88,14 +81,14 @@ def _signal(sig: int) -> Callable[[subprocess.Popen, Path], None]:
 
 def _kill_child(name: str, sig: int = signal.SIGKILL) -> Callable[[subprocess.Popen, Path], None]:
     def fault(proc: subprocess.Popen, _: Path) -> None:
-        (pid,) = [p for p in child_pids(proc.pid) if _comm(p) == name]
+        (pid,) = [p for p in child_pids(proc.pid) if comm(p) == name]
         os.kill(pid, sig)
 
     return fault
 
 
 def _worker(proc: subprocess.Popen, rank: int) -> int | None:
-    pids = [p for p in child_pids(proc.pid) if _comm(p) == f"mprl-worker-{rank}"]
+    pids = [p for p in child_pids(proc.pid) if comm(p) == f"mprl-worker-{rank}"]
     return pids[0] if pids else None
 
 

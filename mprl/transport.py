@@ -1,11 +1,11 @@
 """Moving experience and weights between processes through shared memory.
 
-:class:`Rollouts` is the trajectory transport of the actor-learner shape (the torchbeast
-"monobeast" design): a fixed number of rollout slots, each a set of preallocated shared-memory
-tensors described by a spec, and two queues that carry slot *indices* only. A worker takes a
-free slot, writes a rollout into it in place and hands the index to the learner; the learner
-reads the slot and gives the index back. Nothing is pickled but small ints, and when the learner
-is slower the workers block on the free queue (back-pressure) instead of piling up data.
+:class:`Rollouts` is the trajectory transport of the actor-learner shape (after torchbeast's
+"monobeast"): a fixed number of rollout slots, each a set of preallocated shared-memory tensors
+described by a spec, handed between workers and learner by index. A worker waits for one of its
+slots to be free, writes a rollout into it in place and marks it full; the learner takes the
+oldest full slots, reads them and frees them. Nothing is pickled, and when the learner is slower
+the workers wait for their slots (back-pressure) instead of piling up data.
 
 :class:`Weights` publishes a model from the train process to the workers: the learner updates
 the shared model inside :meth:`Weights.writing`, which bumps a version counter around the write
@@ -21,50 +21,73 @@ touches the Manager, and neither does a worker's per-step path.
 from __future__ import annotations
 
 import math
-import multiprocessing as mp
-import queue
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+import numpy as np
 import torch
 
 from mprl import preflight
 
 FieldSpec = tuple[Sequence[int], torch.dtype]  # (shape of one slot, dtype)
-POLL_S = 0.1  # how often blocked calls look at the stop flag
+POLL_S = 0.1  # the longest a waiting call sleeps between looks
+
+
+FREE, FULL = 0, 1
 
 
 class Rollouts:
-    """``slots`` rollout buffers in shared memory and the free / full queues of their indices.
+    """Rollout buffers in shared memory, ``slots_per_worker`` of them for each worker rank.
 
     :param spec: ``{name: (shape, dtype)}`` for one slot, e.g. ``{"obs": ((T + 1, E, 4),
         torch.float32), "action": ((T, E), torch.int64)}``. A ``version`` field (the policy
         version a rollout was collected with) and a ``source`` field (the worker rank) are added.
-    :param slots: how many rollouts can be in flight; about 2 per worker keeps workers busy
-        while the learner reads.
+    :param workers: the number of worker ranks.
+    :param slots_per_worker: rollouts a worker can have in flight; 2 keeps it busy while the
+        learner reads.
+
+    Each slot belongs to one rank and has a state, ``FREE`` or ``FULL``, in a shared tensor. Only
+    the owning worker turns a slot ``FULL`` (after writing it), only the learner turns it
+    ``FREE`` (after reading it), so no lock is needed, and a worker killed at any instruction
+    leaves nothing locked: its restart simply carries on with its rank's slots. (A
+    ``multiprocessing.Queue`` of indices would not survive that: a worker blocked in ``get()``
+    holds the queue's reader lock, and killing it wedges the queue for everyone.) Waiting sides
+    look at the states every millisecond or so.
     """
 
-    def __init__(self, spec: Mapping[str, FieldSpec], slots: int) -> None:
-        if slots < 1:
-            raise ValueError(f"slots must be >= 1, got {slots}")
-        ctx = mp.get_context("spawn")
+    def __init__(self, spec: Mapping[str, FieldSpec], workers: int, slots_per_worker: int = 2):
+        if workers < 1 or slots_per_worker < 1:
+            raise ValueError(
+                f"workers and slots_per_worker must be >= 1: {workers}, {slots_per_worker}"
+            )
+        slots = workers * slots_per_worker
         full_spec = {**spec, "version": ((), torch.int64), "source": ((), torch.int64)}
         nbytes = sum(
             slots * math.prod(shape) * torch.empty((), dtype=dtype).element_size()
             for shape, dtype in full_spec.values()
         )
         preflight.check_shm(nbytes, f"{slots} rollout slots")
-        self.slots = slots
+        self.workers, self.slots_per_worker, self.slots = workers, slots_per_worker, slots
         self.buffers = {
             name: torch.zeros((slots, *shape), dtype=dtype).share_memory_()
             for name, (shape, dtype) in full_spec.items()
         }
-        self._free: Any = ctx.Queue()
-        self._full: Any = ctx.Queue()
-        for i in range(slots):
-            self._free.put(i)
+        self._state = torch.zeros(slots, dtype=torch.int64).share_memory_()
+        self._seq = torch.zeros(slots, dtype=torch.int64).share_memory_()  # commit order
+        self._views()
+
+    def _views(self) -> None:
+        self._state_np, self._seq_np = self._state.numpy(), self._seq.numpy()
+        self._cursor = 0  # which of its slots a worker fills next (per process)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if not k.endswith("_np") and k != "_cursor"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._views()
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.buffers.values())
@@ -74,48 +97,63 @@ class Rollouts:
         return {name: t[index] for name, t in self.buffers.items()}
 
     @staticmethod
-    def _get(q: Any, stop: Callable[[], bool], timeout: float | None) -> int | None:
+    def _wait(ready: Callable[[], int | None], stop: Callable[[], bool], timeout: float | None):
         deadline = None if timeout is None else time.monotonic() + timeout
-        while not stop():
-            wait = POLL_S if deadline is None else min(POLL_S, deadline - time.monotonic())
-            if wait <= 0:
+        pause = 0.0001
+        while True:
+            found = ready()
+            if found is not None:
+                return found
+            if stop() or (deadline is not None and time.monotonic() >= deadline):
                 return None
-            try:
-                return int(q.get(timeout=wait))
-            except queue.Empty:
-                continue
-        return None
+            time.sleep(pause)
+            pause = min(pause * 2, POLL_S / 100)
 
-    def acquire(self, stop: Callable[[], bool], timeout: float | None = None) -> int | None:
-        """A free slot's index for a worker to fill; blocks while all are in use (back-pressure).
+    def acquire(self, rank: int, stop: Callable[[], bool], timeout: float | None = None):
+        """The index of rank ``rank``'s next slot, once the learner has freed it (back-pressure:
+        a worker ahead of the learner waits here). ``None`` once ``stop()`` is true (pass
+        ``ctx.should_stop``) or on timeout."""
+        index = rank * self.slots_per_worker + self._cursor
 
-        Returns ``None`` once ``stop()`` is true (pass ``ctx.should_stop``) or on timeout.
-        """
-        return self._get(self._free, stop, timeout)
+        def ready() -> int | None:
+            return index if self._state_np[index] == FREE else None
+
+        found = self._wait(ready, stop, timeout)
+        if found is not None:
+            self._cursor = (self._cursor + 1) % self.slots_per_worker
+        return found
 
     def commit(self, index: int) -> None:
         """Hand a filled slot to the learner."""
-        self._full.put(index)
+        self._seq_np[index] = time.monotonic_ns()
+        self._state_np[index] = FULL  # after the data and the order: the learner reads it next
 
     def take(self, stop: Callable[[], bool], timeout: float | None = None) -> int | None:
-        """A filled slot's index for the learner; ``None`` once ``stop()`` is true or on timeout."""
-        return self._get(self._full, stop, timeout)
+        """The oldest filled slot's index for the learner; ``None`` once ``stop()`` is true or
+        on timeout. Give it back with :meth:`release` once read."""
+
+        def ready() -> int | None:
+            full = np.flatnonzero(self._state_np == FULL)
+            return int(full[np.argmin(self._seq_np[full])]) if full.size else None
+
+        index = self._wait(ready, stop, timeout)
+        if index is not None:
+            self._state_np[index] = -1  # taken: neither free nor offered again
+        return index
 
     def release(self, index: int) -> None:
-        """Give a slot back to the workers once its data has been used."""
-        self._free.put(index)
+        """Give a slot back to its worker once its data has been used."""
+        self._state_np[index] = FREE
 
-    def take_batch(
-        self, n: int, stop: Callable[[], bool]
-    ) -> tuple[list[int], dict[str, torch.Tensor]] | None:
+    def take_batch(self, n: int, stop: Callable[[], bool]) -> dict[str, torch.Tensor] | None:
         """``n`` filled slots, stacked along a new dim 1 (``[T, n, ...]`` for ``[T, ...]``
-        fields), copied out so the slots can be released at once. ``None`` when stopping."""
+        fields), copied out so the slots are released at once. ``None`` when stopping."""
         indices = []
         for _ in range(n):
             index = self.take(stop)
             if index is None:
-                for i in indices:  # not used: give them back
-                    self.release(i)
+                for i in indices:  # not used: offer them again
+                    self._state_np[i] = FULL
                 return None
             indices.append(index)
         batch = {
@@ -124,7 +162,7 @@ class Rollouts:
         }
         for i in indices:
             self.release(i)
-        return indices, batch
+        return batch
 
 
 class Weights:

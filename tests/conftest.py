@@ -145,6 +145,14 @@ def child_pids(pid: int) -> list[int]:
     return out
 
 
+def comm(pid: int) -> str:
+    """The process name ``ps`` shows (mprl names its children ``mprl-worker-N`` ...)."""
+    try:
+        return (Path("/proc") / str(pid) / "comm").read_text().strip()
+    except OSError:
+        return ""
+
+
 def alive(pid: int) -> bool:
     """Whether ``pid`` is a running (not zombie) process."""
     try:

@@ -8,18 +8,17 @@ import os
 import re
 import signal
 import time
-from pathlib import Path
 
 import pytest
 import torch
 
-from tests.conftest import alive, child_pids, cli, cli_here, running, wait_for_metrics
+from tests.conftest import alive, child_pids, cli, cli_here, comm, running, wait_for_metrics
 
 
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--plugin", "nope"], r"unknown plugin/algorithm 'nope'; installed: a3c, probe"),
+        (["--plugin", "nope"], r"unknown plugin/algorithm 'nope'; installed: a3c, impala, probe"),
         (["--plugin", "a3c", "--env", "NoSuchEnv-v3"], r"unknown gymnasium environment 'NoSuchEnv-v3'"),
         (["--plugin", "a3c", "--env", "Switches-v0"], r"'a3c' does not support the action space of 'Switches-v0' \(MultiBinary\); it supports: Discrete, Box"),
         (["--plugin", "a3c", "--set", "lr=-1"], r"a3c config: field 'lr': 'lr' must be > 0.0: -1.0"),
@@ -29,7 +28,7 @@ from tests.conftest import alive, child_pids, cli, cli_here, running, wait_for_m
         (["--plugin", "a3c", "--workers", "two"], r"run option: field 'workers' expects int, got 'two'"),
         (["--plugin", "broken"], r"entry point broken = mprl_brokenplugin in distribution mprl-brokenplugin 0.1.0\) failed to import: ImportError: needs the frobnicator"),
         (["--plugin", "a3c", "-p", "no:a3c"], r"plugin 'a3c' is blocked"),
-        ([], r"run needs --plugin NAME \(or --resume RUN_DIR\); installed: a3c, probe"),
+        ([], r"run needs --plugin NAME \(or --resume RUN_DIR\); installed: a3c, impala, probe"),
     ],
 )  # fmt: skip
 def test_bad_input_exits_2_with_one_clear_line_and_starts_nothing(
@@ -186,7 +185,7 @@ def test_a_dead_manager_server_aborts_the_run_naming_it(installed, tmp_path):
         wait_for_metrics(run_dir)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:  # children name themselves once they are up
-            names = {k: _comm(k) for k in child_pids(proc.pid)}
+            names = {k: comm(k) for k in child_pids(proc.pid)}
             if {"mprl-worker-0", "mprl-worker-1", "mprl-trainer"} <= set(names.values()):
                 break
             time.sleep(0.2)
@@ -198,10 +197,3 @@ def test_a_dead_manager_server_aborts_the_run_naming_it(installed, tmp_path):
     assert "Manager server killed by signal SIGKILL" in stderr
     assert time.monotonic() - start < 15
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "failed"
-
-
-def _comm(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/comm").read_text().strip()
-    except OSError:
-        return ""

@@ -21,6 +21,7 @@ from tests.conftest import (
     child_pids,
     clean_stderr,
     cli,
+    comm,
     read_metrics,
     running,
     wait_for_metrics,
@@ -211,11 +212,8 @@ def _worker_pid(proc, rank: int, timeout: float = 60) -> int:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for pid in child_pids(proc.pid):
-            try:
-                if Path(f"/proc/{pid}/comm").read_text().strip() == f"mprl-worker-{rank}":
-                    return pid
-            except OSError:
-                continue
+            if comm(pid) == f"mprl-worker-{rank}":
+                return pid
         time.sleep(0.1)
     raise AssertionError(f"worker {rank} never showed up")
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import mprl
 from mprl_impala.algorithm import (
+    SCHEMA,
     ImpalaConfig,
     make_model,
     make_optimizer,
@@ -26,6 +27,7 @@ ALGORITHM = mprl.Algorithm(
     make_model=make_model,
     make_optimizer=make_optimizer,
     make_shared=make_shared,
+    schema=SCHEMA,
     worker=worker,
     train=train,
     description="IMPALA: collecting workers, one V-trace learner, shared-memory rollout slots",

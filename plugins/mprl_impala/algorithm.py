@@ -16,10 +16,15 @@ from attrs import validators as v
 from torch import nn
 
 import mprl
+from mprl import schema
+from mprl.errors import UsageError
 from mprl.nets import ActorCritic
 from mprl.transport import Rollouts, Weights
 
 LOG_EVERY_S = 2.0  # how often the learner reports losses, rates and staleness
+
+#: small control state in the Manager, as in the hand-written main: never bulk data
+SCHEMA = schema.Schema(collected=schema.PerWorker(0))  # rollouts handed over, per worker
 
 
 def _help(text: str) -> dict[str, str]:
@@ -37,7 +42,9 @@ class ImpalaConfig:
         default=16, validator=v.ge(1), metadata=_help("steps per environment in one rollout")
     )
     batch_rollouts: int = attrs.field(
-        default=2, validator=v.ge(1), metadata=_help("rollouts per learner update")
+        default=2,
+        validator=v.ge(1),
+        metadata=_help("rollouts per learner update (at most workers * slots_per_worker)"),
     )
     slots_per_worker: int = attrs.field(
         default=2, validator=v.ge(1), metadata=_help("rollout slots in flight per worker")
@@ -93,8 +100,13 @@ def make_shared(
         "reward": ((t, e), torch.float32),
         "done": ((t, e), torch.float32),
     }
-    slots = max(config.slots_per_worker * n_workers, config.batch_rollouts)
-    return {"rollouts": Rollouts(spec, slots), "weights": Weights()}
+    if config.batch_rollouts > n_workers * config.slots_per_worker:
+        raise UsageError(
+            f"impala config: field 'batch_rollouts' ({config.batch_rollouts}) is more than "
+            f"workers x slots_per_worker ({n_workers} x {config.slots_per_worker}): the learner "
+            "would wait forever; lower it or raise slots_per_worker"
+        )
+    return {"rollouts": Rollouts(spec, n_workers, config.slots_per_worker), "weights": Weights()}
 
 
 def worker(ctx: mprl.Context) -> None:
@@ -110,12 +122,14 @@ def worker(ctx: mprl.Context) -> None:
     obs = torch.as_tensor(np.stack([env.reset()[0] for env in envs]), dtype=torch.float32)
     ep_return = np.zeros(len(envs))
     ep_length = np.zeros(len(envs), dtype=np.int64)
-    while (index := rollouts.acquire(ctx.should_stop)) is not None:
+    rewards = np.zeros(len(envs), dtype=np.float32)
+    dones = np.zeros(len(envs), dtype=np.float32)
+    while (index := rollouts.acquire(ctx.rank, ctx.should_stop)) is not None:
         version = weights.pull(shared, local, version)
         slot = rollouts.slot(index)
         for t in range(cfg.unroll):
             with torch.no_grad():
-                out, _ = local(obs)
+                out = local.pi(obs)  # acting needs the policy head only
                 actions = local.sample(out)
                 logp, _ = local.log_prob_entropy(out, actions)
             slot["obs"][t] = obs
@@ -135,15 +149,17 @@ def worker(ctx: mprl.Context) -> None:
                     ctx.log_episode(ep_return[i], ep_length[i])
                     ep_return[i], ep_length[i] = 0.0, 0
                     o, _ = env.reset()
-                slot["reward"][t, i] = float(r)
-                slot["done"][t, i] = float(terminated or truncated)
+                rewards[i], dones[i] = r, terminated or truncated
                 next_obs.append(o)
+            slot["reward"][t] = torch.from_numpy(rewards)  # one write per step, not per env
+            slot["done"][t] = torch.from_numpy(dones)
             obs = torch.as_tensor(np.stack(next_obs), dtype=torch.float32)
         slot["obs"][cfg.unroll] = obs
         slot["version"].fill_(version)
         slot["source"].fill_(ctx.rank)
         rollouts.commit(index)
         ctx.add_steps(cfg.unroll * len(envs))
+        ctx.state.collected[ctx.rank] += 1  # control state: one Manager round trip per rollout
     for env in envs:
         env.close()
 
@@ -189,8 +205,7 @@ def train(ctx: mprl.Context) -> None:
     assert optimizer is not None
     last_log, updates_at_log = time.monotonic(), 0
     staleness: list[float] = []
-    while (taken := rollouts.take_batch(cfg.batch_rollouts, ctx.should_stop)) is not None:
-        _, batch = taken
+    while (batch := rollouts.take_batch(cfg.batch_rollouts, ctx.should_stop)) is not None:
         obs = batch["obs"].flatten(1, 2)  # [T + 1, B * E, ...]
         actions = batch["action"].flatten(1, 2)
         t_len, n = actions.shape[:2]
@@ -221,13 +236,32 @@ def train(ctx: mprl.Context) -> None:
         staleness.append(float(weights.version - 1 - batch["version"].float().mean()))
         now = time.monotonic()
         if now - last_log >= LOG_EVERY_S:
-            ctx.log(
-                policy_loss=policy_loss.item(),
-                value_loss=value_loss.item(),
-                entropy=entropy_mean.item(),
-                grad_norm=float(grad_norm),
-                updates=weights.version,
-                updates_per_s=(weights.version - updates_at_log) / (now - last_log),
-                staleness=sum(staleness) / len(staleness),
-            )
+            report = {
+                "policy_loss": policy_loss.item(),
+                "value_loss": value_loss.item(),
+                "entropy": entropy_mean.item(),
+                "grad_norm": float(grad_norm),
+            }
+            _log_rates(ctx, report, weights.version, updates_at_log, now - last_log, staleness)
             last_log, updates_at_log, staleness = now, weights.version, []
+    if staleness:  # the last stretch, so short runs report too
+        _log_rates(ctx, {}, weights.version, updates_at_log, time.monotonic() - last_log, staleness)
+
+
+def _log_rates(
+    ctx: mprl.Context,
+    report: dict[str, float],
+    version: int,
+    version_before: int,
+    seconds: float,
+    staleness: list[float],
+) -> None:
+    collected = list(ctx.state.collected)  # one round trip, every LOG_EVERY_S at most
+    ctx.log(
+        **report,
+        rollouts_min=min(collected),
+        rollouts_max=max(collected),
+        updates=version,
+        updates_per_s=(version - version_before) / max(seconds, 1e-9),
+        staleness=sum(staleness) / len(staleness),
+    )

@@ -1,0 +1,169 @@
+"""Environment steps per second of the impala plugin against a no-framework ceiling.
+
+    python benchmarks/throughput.py [--workers 1 2 3 4] [--envs 8 16 32] [--window-s 8]
+                                    [--out benchmarks/results/throughput]
+
+For each envs-per-worker value E, the *ceiling* is one plain Python process stepping E
+CartPole-v1 environments with the same network (one batched forward per step, sampling, no
+learning, no framework) for a few seconds. For each (workers W, E), ``python -m mprl run
+--plugin impala`` runs on the same machine in the same session; its rate is read from the step
+counters in the episode records after a warm-up. The ratio reported is
+
+    framework_steps_per_s / (min(W, cores) * ceiling_steps_per_s(E))
+
+so 1.0 means the framework collects as fast as min(W, cores) bare processes could, with the
+learner, transport and weight broadcast running alongside. The learning rate is set tiny so the
+policy stays close to random in both (episode lengths, hence reset costs, match) and the run
+never stops by solving. Also reported: learner updates/s and mean policy staleness (learner
+version minus the version a rollout was collected with). Writes JSON, and a PNG when matplotlib
+is installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from mprl.nets import ActorCritic
+
+ENV = "CartPole-v1"
+
+
+def ceiling(n_envs: int, seconds: float, seed: int = 0) -> float:
+    """Steps/s of one bare process: ``n_envs`` envs, one batched forward per step."""
+    torch.set_num_threads(1)
+    torch.manual_seed(seed)
+    envs = [gym.make(ENV) for _ in range(n_envs)]
+    model = ActorCritic(envs[0].observation_space, envs[0].action_space, (64, 64))
+    obs = torch.as_tensor(
+        np.stack([e.reset(seed=seed + i)[0] for i, e in enumerate(envs)]), dtype=torch.float32
+    )
+    steps, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        with torch.no_grad():
+            out = model.pi(obs)
+            actions = model.sample(out)
+            model.log_prob_entropy(out, actions)  # the worker stores log-probs too
+        env_actions = model.to_env(actions)
+        next_obs = []
+        for i, env in enumerate(envs):
+            o, _, terminated, truncated, _ = env.step(env_actions[i])
+            if terminated or truncated:
+                o, _ = env.reset()
+            next_obs.append(o)
+        obs = torch.as_tensor(np.stack(next_obs), dtype=torch.float32)
+        steps += n_envs
+    rate = steps / (time.perf_counter() - start)
+    for env in envs:
+        env.close()
+    return rate
+
+
+def framework(workers: int, n_envs: int, warmup_s: float, window_s: float) -> dict:
+    run_dir = Path(tempfile.mkdtemp(prefix="mprl-throughput-")) / "run"
+    args = [
+        sys.executable, "-m", "mprl", "run", "--plugin", "impala", "--env", ENV,
+        "--workers", str(workers), "--total-steps", "1e12", "--set", f"envs_per_worker={n_envs}",
+        "--set", "lr=1e-7", "--run-dir", str(run_dir), "--quiet", "--checkpoint-every", "0",
+    ]  # fmt: skip
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    metrics = run_dir / "metrics.jsonl"
+    try:
+        deadline = time.monotonic() + 120
+        while not (metrics.exists() and metrics.stat().st_size) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(warmup_s + window_s)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=60)
+    if proc.returncode != 130:
+        raise RuntimeError(f"impala run failed ({proc.returncode}): {stderr}")
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    episodes = [r for r in records if "episode_return" in r]
+    t0 = episodes[0]["wall"] + warmup_s
+    window = [r for r in episodes if r["wall"] >= t0]
+    rate = (window[-1]["step"] - window[0]["step"]) / (window[-1]["wall"] - window[0]["wall"])
+    learner = [r for r in records if r["source"] == "trainer" and r["wall"] >= t0]
+    return {
+        "steps_per_s": rate,
+        "learner_updates_per_s": float(np.mean([r["updates_per_s"] for r in learner])),
+        "staleness": float(np.mean([r["staleness"] for r in learner])),
+    }
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no PNG (pip install matplotlib)")
+        return
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for n_envs in sorted({r["envs_per_worker"] for r in rows}):
+        sub = [r for r in rows if r["envs_per_worker"] == n_envs]
+        ax.plot([r["workers"] for r in sub], [r["ratio"] for r in sub], "o-", label=f"E={n_envs}")
+    ax.axhline(0.9, color="grey", linestyle="--", label="target 0.9")
+    ax.set_xlabel("workers")
+    ax.set_ylabel("steps/s / (min(workers, cores) x ceiling)")
+    ax.set_title(f"impala throughput vs bare-process ceiling ({os.cpu_count()} cores)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    print(f"wrote {path}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2, 3, 4])
+    parser.add_argument("--envs", type=int, nargs="+", default=[8, 16, 32])
+    parser.add_argument("--warmup-s", type=float, default=3.0)
+    parser.add_argument("--window-s", type=float, default=8.0)
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/throughput"))
+    args = parser.parse_args()
+    cores = os.cpu_count() or 1
+    ceilings = {n: ceiling(n, args.window_s) for n in args.envs}
+    rows = []
+    for n_envs in args.envs:
+        for workers in args.workers:
+            fw = framework(workers, n_envs, args.warmup_s, args.window_s)
+            row = {
+                "workers": workers,
+                "envs_per_worker": n_envs,
+                "ceiling_steps_per_s": round(ceilings[n_envs], 1),
+                "framework_steps_per_s": round(fw["steps_per_s"], 1),
+                "ratio": round(fw["steps_per_s"] / (min(workers, cores) * ceilings[n_envs]), 3),
+                "learner_updates_per_s": round(fw["learner_updates_per_s"], 1),
+                "staleness": round(fw["staleness"], 2),
+            }
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    print(f"\n{cores} cores; ratio = framework / (min(workers, cores) * ceiling)")
+    head = ("workers", "envs/worker", "ceiling steps/s", "framework steps/s", "ratio")
+    print("| " + " | ".join((*head, "updates/s", "staleness")) + " |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(
+            f"| {r['workers']} | {r['envs_per_worker']} | {r['ceiling_steps_per_s']:,.0f} | "
+            f"{r['framework_steps_per_s']:,.0f} | {r['ratio']:.2f} | "
+            f"{r['learner_updates_per_s']:.1f} | {r['staleness']:.2f} |"
+        )
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.with_suffix(".json").write_text(json.dumps({"cores": cores, "rows": rows}, indent=2))
+    plot(rows, args.out.with_suffix(".png"))
+
+
+if __name__ == "__main__":
+    main()
