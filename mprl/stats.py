@@ -45,6 +45,7 @@ class RunStats:
         self._rate_mark = (self.start, 0)
         self.steps_per_s = 0.0
         self.restarts = 0
+        self._solved = False
 
     def state(self) -> dict[str, Any]:
         """What a checkpoint keeps, so a resumed run's counters and "solved" carry on."""
@@ -92,12 +93,14 @@ class RunStats:
             self._rate_mark = (now, self.env_steps)
 
     def solved(self) -> bool:
-        """The mean return of the last 100 episodes reached the env's reward threshold."""
-        return (
+        """The mean return of the last 100 episodes reached the env's reward threshold (at some
+        point: episodes that arrive while the run stops do not undo it)."""
+        self._solved = self._solved or (
             self.threshold is not None
             and len(self.returns) == WINDOW
             and self.mean_return_100 >= self.threshold
         )
+        return self._solved
 
     def snapshot(self) -> Snapshot:
         return Snapshot(
