@@ -21,7 +21,8 @@ def test_state_round_trips_counters_and_window():
     stats = RunStats(threshold=None, total_steps=None)
     for r in range(150):
         stats.add({"episode_return": float(r)})
+    state = stats.state()
     again = RunStats(threshold=None, total_steps=None)
-    again.restore(stats.state())
+    again.restore(state)
     assert again.episodes == 150 and list(again.returns) == list(stats.returns)
-    assert again.best_return == 149.0 and again.wall_s >= stats.state()["wall_s"]
+    assert again.best_return == 149.0 and again.wall_s >= state["wall_s"]

@@ -127,7 +127,7 @@ SCHEMA = schema.Schema(
     visits=schema.PerWorker(0),
     envs=schema.PerWorker(""),
     lock=schema.Lock(),
-    started=schema.Barrier("workers"),
+    ready=schema.PerWorker(False),
     seen=schema.Tensor(shape=("workers",)),
 )
 
@@ -146,8 +146,11 @@ def probe_worker(ctx: mprl.Context) -> None:
         restarts=ctx.restarts,
         pid=os.getpid(),
     )
-    if ctx.restarts == 0:  # every worker steps, however slowly the others start
-        ctx.state.started.wait(timeout=60)
+    ctx.state.ready[ctx.rank] = True
+    # every worker steps, however slowly the others start; should_stop() keeps the heartbeat
+    # going meanwhile (a Manager Barrier's wait would be silent)
+    while not all(ctx.state.ready) and not ctx.should_stop():
+        time.sleep(0.05)
     faulty = _faulty(ctx)
     obs, _ = env.reset()
     ret, length, steps = 0.0, 0, 0
