@@ -89,9 +89,6 @@ class Rollouts:
         self.__dict__.update(state)
         self._views()
 
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.buffers.values())
-
     def slot(self, index: int) -> dict[str, torch.Tensor]:
         """The tensors of slot ``index`` (views into shared memory: write them in place)."""
         return {name: t[index] for name, t in self.buffers.items()}
