@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -71,6 +72,7 @@ def measure(name: str, args: list[str], fault: Callable[[subprocess.Popen, Path]
         "restarts": summary.get("restarts"),
     }
     proc.stderr.close()
+    shutil.rmtree(run_dir.parent, ignore_errors=True)  # a temp run directory
     print(json.dumps(row), flush=True)
     return row
 

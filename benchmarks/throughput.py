@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -90,6 +91,7 @@ def framework(workers: int, n_envs: int, warmup_s: float, window_s: float) -> di
     if proc.returncode != 130:
         raise RuntimeError(f"impala run failed ({proc.returncode}): {stderr}")
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    shutil.rmtree(run_dir.parent, ignore_errors=True)  # a temp run directory
     episodes = [r for r in records if "episode_return" in r]
     t0 = episodes[0]["wall"] + warmup_s
     window = [r for r in episodes if r["wall"] >= t0]
