@@ -129,7 +129,10 @@ def main() -> None:
         ("a3c: worker 1 frozen with SIGSTOP (hung), --worker-timeout 3",
          [*a3c, "--worker-timeout", "3"], _kill_child("mprl-worker-1", signal.SIGSTOP)),
     ]  # fmt: skip
-    rows = [measure(name, args, fault, site) for name, args, fault in cases]
+    try:
+        rows = [measure(name, args, fault, site) for name, args, fault in cases]
+    finally:
+        shutil.rmtree(site, ignore_errors=True)
     print("\n| case | exit code | fault -> main exit (s) | fault -> nothing left (s) |")
     print("|---|---|---|---|")
     for r in rows:
