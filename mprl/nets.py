@@ -4,10 +4,13 @@ for algorithm plugins to build on (the built-in a3c and impala use them)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
+import attrs
 import gymnasium as gym
 import numpy as np
 import torch
+from attrs import validators as v
 from torch import nn
 
 
@@ -67,3 +70,51 @@ class ActorCritic(nn.Module):
         if self.discrete:
             return actions.numpy()
         return torch.max(torch.min(actions, self.high), self.low).numpy()
+
+
+def _help(text: str) -> dict[str, str]:
+    return {"help": text}
+
+
+@attrs.frozen
+class ActorCriticConfig:
+    """Hyperparameters every actor-critic plugin here has; subclass it (``@attrs.frozen``) to add
+    an algorithm's own fields or change a default."""
+
+    envs_per_worker: int = attrs.field(
+        default=8, validator=v.ge(1), metadata=_help("environments each worker steps together")
+    )
+    gamma: float = attrs.field(
+        default=0.99, validator=[v.gt(0.0), v.le(1.0)], metadata=_help("discount factor")
+    )
+    lr: float = attrs.field(default=1e-3, validator=v.gt(0.0), metadata=_help("Adam learning rate"))
+    entropy_coef: float = attrs.field(
+        default=0.01, validator=v.ge(0.0), metadata=_help("weight of the entropy bonus")
+    )
+    value_coef: float = attrs.field(
+        default=0.5, validator=v.ge(0.0), metadata=_help("weight of the value loss")
+    )
+    max_grad_norm: float = attrs.field(
+        default=0.5, validator=v.gt(0.0), metadata=_help("gradient norm clip per update")
+    )
+    normalize_advantages: bool = attrs.field(
+        default=True, metadata=_help("normalise advantages within each update")
+    )
+    hidden: tuple[int, ...] = attrs.field(
+        default=(64, 64),
+        converter=tuple,
+        validator=v.deep_iterable(v.and_(v.instance_of(int), v.gt(0))),
+        metadata=_help("hidden layer sizes of the policy and value networks"),
+    )
+
+
+def make_model(obs_space: gym.Space, act_space: gym.Space, config: ActorCriticConfig) -> nn.Module:
+    """An :class:`ActorCritic` with ``config.hidden`` layers (an ``Algorithm.make_model``)."""
+    return ActorCritic(obs_space, act_space, config.hidden)
+
+
+def make_optimizer(
+    params: Iterable[nn.Parameter], config: ActorCriticConfig
+) -> torch.optim.Optimizer:
+    """Adam with ``config.lr`` (an ``Algorithm.make_optimizer``)."""
+    return torch.optim.Adam(params, lr=config.lr, eps=1e-5)

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 import mprl
-from mprl_a3c.algorithm import A3CConfig, _n_step_returns, make_model
+from mprl.nets import make_model
+from mprl_a3c.algorithm import A3CConfig, _n_step_returns
 
 
 def test_n_step_returns_bootstrap_and_stop_at_episode_ends():

@@ -3,65 +3,26 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable
 
 import attrs
-import gymnasium as gym
 import numpy as np
 import torch
 from attrs import validators as v
 from torch import nn
 
 import mprl
-from mprl.nets import ActorCritic
+from mprl.nets import ActorCritic, ActorCriticConfig
 
 LOG_EVERY = 50  # updates between loss records: reporting must not cost more than learning
 
 
-def _help(text: str) -> dict[str, str]:
-    return {"help": text}
-
-
 @attrs.frozen
-class A3CConfig:
+class A3CConfig(ActorCriticConfig):
     """A3C hyperparameters; the defaults solve CartPole-v1 on two cores."""
 
-    envs_per_worker: int = attrs.field(
-        default=8, validator=v.ge(1), metadata=_help("environments each worker steps together")
-    )
     n_steps: int = attrs.field(
-        default=8, validator=v.ge(1), metadata=_help("steps per environment between updates")
+        default=8, validator=v.ge(1), metadata={"help": "steps per environment between updates"}
     )
-    gamma: float = attrs.field(
-        default=0.99, validator=[v.gt(0.0), v.le(1.0)], metadata=_help("discount factor")
-    )
-    lr: float = attrs.field(default=1e-3, validator=v.gt(0.0), metadata=_help("Adam learning rate"))
-    entropy_coef: float = attrs.field(
-        default=0.01, validator=v.ge(0.0), metadata=_help("weight of the entropy bonus")
-    )
-    value_coef: float = attrs.field(
-        default=0.5, validator=v.ge(0.0), metadata=_help("weight of the value loss")
-    )
-    max_grad_norm: float = attrs.field(
-        default=0.5, validator=v.gt(0.0), metadata=_help("gradient norm clip per update")
-    )
-    normalize_advantages: bool = attrs.field(
-        default=True, metadata=_help("normalise advantages within each update")
-    )
-    hidden: tuple[int, ...] = attrs.field(
-        default=(64, 64),
-        converter=tuple,
-        validator=v.deep_iterable(v.and_(v.instance_of(int), v.gt(0))),
-        metadata=_help("hidden layer sizes of the policy and value networks"),
-    )
-
-
-def make_model(obs_space: gym.Space, act_space: gym.Space, config: A3CConfig) -> nn.Module:
-    return ActorCritic(obs_space, act_space, config.hidden)
-
-
-def make_optimizer(params: Iterable[nn.Parameter], config: A3CConfig) -> torch.optim.Optimizer:
-    return torch.optim.Adam(params, lr=config.lr, eps=1e-5)
 
 
 def _n_step_returns(

@@ -9,11 +9,10 @@ counter (:class:`mprl.transport.Weights`), and V-trace corrects for the policy l
 from __future__ import annotations
 
 import mprl
+from mprl.nets import make_model, make_optimizer
 from mprl_impala.algorithm import (
     SCHEMA,
     ImpalaConfig,
-    make_model,
-    make_optimizer,
     make_shared,
     train,
     worker,

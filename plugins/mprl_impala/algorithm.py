@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import attrs
@@ -18,7 +18,7 @@ from torch import nn
 import mprl
 from mprl import schema
 from mprl.errors import UsageError
-from mprl.nets import ActorCritic
+from mprl.nets import ActorCritic, ActorCriticConfig
 from mprl.transport import Rollouts, Weights
 
 LOG_EVERY_S = 2.0  # how often the learner reports losses, rates and staleness
@@ -32,7 +32,7 @@ def _help(text: str) -> dict[str, str]:
 
 
 @attrs.frozen
-class ImpalaConfig:
+class ImpalaConfig(ActorCriticConfig):
     """IMPALA hyperparameters; the defaults solve CartPole-v1 on two cores."""
 
     envs_per_worker: int = attrs.field(
@@ -49,42 +49,12 @@ class ImpalaConfig:
     slots_per_worker: int = attrs.field(
         default=2, validator=v.ge(1), metadata=_help("rollout slots in flight per worker")
     )
-    gamma: float = attrs.field(
-        default=0.99, validator=[v.gt(0.0), v.le(1.0)], metadata=_help("discount factor")
-    )
-    lr: float = attrs.field(default=1e-3, validator=v.gt(0.0), metadata=_help("Adam learning rate"))
-    entropy_coef: float = attrs.field(
-        default=0.01, validator=v.ge(0.0), metadata=_help("weight of the entropy bonus")
-    )
-    value_coef: float = attrs.field(
-        default=0.5, validator=v.ge(0.0), metadata=_help("weight of the value loss")
-    )
     rho_bar: float = attrs.field(
         default=1.0, validator=v.gt(0.0), metadata=_help("V-trace importance weight clip")
     )
     c_bar: float = attrs.field(
         default=1.0, validator=v.gt(0.0), metadata=_help("V-trace trace-cutting clip")
     )
-    max_grad_norm: float = attrs.field(
-        default=0.5, validator=v.gt(0.0), metadata=_help("gradient norm clip per update")
-    )
-    normalize_advantages: bool = attrs.field(
-        default=True, metadata=_help("normalise policy-gradient advantages per update")
-    )
-    hidden: tuple[int, ...] = attrs.field(
-        default=(64, 64),
-        converter=tuple,
-        validator=v.deep_iterable(v.and_(v.instance_of(int), v.gt(0))),
-        metadata=_help("hidden layer sizes of the policy and value networks"),
-    )
-
-
-def make_model(obs_space: gym.Space, act_space: gym.Space, config: ImpalaConfig) -> nn.Module:
-    return ActorCritic(obs_space, act_space, config.hidden)
-
-
-def make_optimizer(params: Iterable[nn.Parameter], config: ImpalaConfig) -> torch.optim.Optimizer:
-    return torch.optim.Adam(params, lr=config.lr, eps=1e-5)
 
 
 def make_shared(
