@@ -264,7 +264,6 @@ class _RunMonitor:
         self._last_main_record = time.monotonic()
         self._last_checkpoint = time.monotonic()
         self.state: SharedState | None = None
-        self.checkpoint_error = ""
 
     def on_start(self, state: SharedState) -> None:
         self.state = state
@@ -315,8 +314,12 @@ class _RunMonitor:
         self.stats.set_steps(per_slot_steps)
         self.checkpoint()
 
-    def checkpoint(self) -> Path:
-        """Save ``checkpoints/last.pt`` now (atomically) and log it in the metrics."""
+    def checkpoint(self) -> Path | None:
+        """Save ``checkpoints/last.pt`` now (atomically) and log it in the metrics.
+
+        A failed write (disk full, directory gone) is reported and the run goes on with the
+        previous checkpoint kept; it is not a reason to lose the run.
+        """
         start = time.monotonic()
         self._last_checkpoint = start
         shared: dict[str, Any] = {}
@@ -324,9 +327,36 @@ class _RunMonitor:
             try:
                 shared = self.job.algorithm.schema.snapshot(self.state)
             except (OSError, EOFError) as exc:  # the Manager server is gone
-                self.checkpoint_error = f"shared state not saved: {exc!r}"
+                self.on_event(
+                    {"event": "checkpoint-partial", "message": f"shared state not saved: {exc!r}"}
+                )
+        try:
+            path = self._save(shared)
+        except OSError as exc:
+            self.on_event(
+                {
+                    "event": "checkpoint-failed",
+                    "message": f"checkpoint not written ({exc}); the previous one is kept",
+                }
+            )
+            return None
+        self._emit(
+            [
+                {
+                    "source": "main",
+                    "event": "checkpoint",
+                    "step": self.stats.env_steps,
+                    "wall": round(self.stats.wall_s, 4),
+                    "path": str(path),
+                    "seconds": round(time.monotonic() - start, 4),
+                }
+            ]
+        )
+        return path
+
+    def _save(self, shared: dict[str, Any]) -> Path:
         info, job, stats = self.info, self.job, self.stats
-        path = self.rundir.save_checkpoint(
+        return self.rundir.save_checkpoint(
             {
                 "format": checkpoint.FORMAT,
                 "version": checkpoint.VERSION,
@@ -348,19 +378,6 @@ class _RunMonitor:
                 "time": time.time(),
             }
         )
-        self._emit(
-            [
-                {
-                    "source": "main",
-                    "event": "checkpoint",
-                    "step": stats.env_steps,
-                    "wall": round(stats.wall_s, 4),
-                    "path": str(path),
-                    "seconds": round(time.monotonic() - start, 4),
-                }
-            ]
-        )
-        return path
 
     def _main_record(self) -> dict[str, Any]:
         s = self.stats

@@ -163,3 +163,22 @@ def test_bad_checkpoints_exit_2_naming_the_file(installed, tmp_path, capsys):
     proc = cli("run", "--resume", str(good), "--plugin", "probe", "--quiet", "-p", "no:testplugin")
     assert proc.returncode == 2 and "algorithm 'probe' of plugin 'testplugin'" in proc.stderr
     assert str(ckpt) in proc.stderr
+
+
+def test_a_failing_checkpoint_write_is_reported_and_the_run_goes_on(installed, tmp_path):
+    run_dir = tmp_path / "run"
+    args = ["--plugin", "probe", "--workers", "2", "--quiet", "--run-dir", str(run_dir)]
+    args += ["--set", "step_sleep=0.002", "--checkpoint-every", "0.5"]
+    with running(args) as proc:
+        wait_for_metrics(run_dir, lambda r: r.get("event") == "checkpoint")
+        shutil.rmtree(run_dir / "checkpoints")
+        (run_dir / "checkpoints").write_text("not a directory any more")  # every write fails
+        failed = wait_for_metrics(run_dir, lambda r: r.get("event") == "checkpoint-failed")
+        first = next(r for r in failed if r.get("event") == "checkpoint-failed")
+        wait_for_metrics(run_dir, lambda r: "episode_return" in r and r["wall"] > first["wall"] + 1)
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr  # the run kept going and stopped cleanly
+    assert "mprl: checkpoint not written (" in stderr and "the previous one is kept" in stderr
+    clean_stderr(stderr)
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "interrupted"
