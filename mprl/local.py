@@ -9,6 +9,7 @@ crashed child stops the run instead of hanging ``join()``.
 from __future__ import annotations
 
 import contextlib
+import cProfile
 import ctypes
 import faulthandler
 import multiprocessing as mp
@@ -140,7 +141,9 @@ def _child_main(fn: Callable[[Context], None], ctx: Context, threads: int, stack
     """Entry point of every spawned child: seed, limit threads, run, report a crash.
 
     SIGUSR1 dumps every thread's stack to ``stack_file``: the supervisor asks for it before it
-    kills a hung child, so the report says where it hung.
+    kills a hung child, so the report says where it hung. With ``MPRL_PROFILE=1`` in the
+    environment, each child's function runs under cProfile and its stats go next to it
+    (``RUN_DIR/logs/worker-0.prof``; read them with ``python -m pstats``).
     """
     _init_child(mp.current_process().name)
     stacks = open(stack_file, "w")  # noqa: SIM115 - open for the life of the process
@@ -150,13 +153,19 @@ def _child_main(fn: Callable[[Context], None], ctx: Context, threads: int, stack
     np.random.seed(ctx.seed)
     torch.manual_seed(ctx.seed)
     ctx.heartbeat()
+    profile = cProfile.Profile() if os.environ.get("MPRL_PROFILE") == "1" else None
     try:
-        fn(ctx)
+        if profile is not None:
+            profile.runcall(fn, ctx)
+        else:
+            fn(ctx)
     except BaseException:
         ctx.channel.send(ctx._slot, {"_error": traceback.format_exc(), "source": ctx.source})
         code = 1
     else:
         code = 0
+    if profile is not None:
+        profile.dump_stats(str(Path(stack_file).with_suffix(".prof")))
     ctx.channel.flush()
     ctx.channel.records.close()
     ctx.channel.records.join_thread()  # every record (a traceback too) reaches the main process

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import os
+import pstats
 import signal
 import time
 
@@ -247,3 +248,24 @@ def test_impala_worker_killed_mid_run_is_restarted_and_learning_goes_on(tmp_path
     assert max(r["updates"] for r in read_metrics(run_dir) if "updates" in r) > updates_then
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["restarts"] == [0, 1]
+
+
+def test_a_profiled_impala_worker_makes_no_manager_call_per_step(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = cli(
+        "run", "--plugin", "impala", "--workers", "2", "--total-steps", "30000", "--quiet",
+        "--run-dir", str(run_dir), "--set", "envs_per_worker=8", env={"MPRL_PROFILE": "1"},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    steps = json.loads((run_dir / "summary.json").read_text())["per_worker_steps"][0]
+    stats = pstats.Stats(str(run_dir / "logs" / "worker-0.prof")).stats  # type: ignore[attr-defined]
+
+    def calls(file_part: str, name: str) -> int:
+        return sum(v[1] for (f, _, fn), v in stats.items() if file_part in f and fn == name)
+
+    env_steps = calls("cartpole.py", "step")
+    assert env_steps >= steps > 0  # the profile covers the per-step path
+    rollouts = steps // (8 * 16)
+    manager_calls = calls("managers.py", "_callmethod")
+    # the per-worker counter's read and write once per rollout (128 steps), none per step
+    assert manager_calls <= 2 * rollouts + 5, (manager_calls, rollouts, steps)

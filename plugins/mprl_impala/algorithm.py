@@ -129,7 +129,7 @@ def worker(ctx: mprl.Context) -> None:
         slot["source"].fill_(ctx.rank)
         rollouts.commit(index)
         ctx.add_steps(cfg.unroll * len(envs))
-        ctx.state.collected[ctx.rank] += 1  # control state: one Manager round trip per rollout
+        ctx.state.collected[ctx.rank] += 1  # control state: a read and a write per rollout
     for env in envs:
         env.close()
 
