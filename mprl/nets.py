@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from typing import Any
 
 import attrs
 import gymnasium as gym
@@ -118,3 +119,53 @@ def make_optimizer(
 ) -> torch.optim.Optimizer:
     """Adam with ``config.lr`` (an ``Algorithm.make_optimizer``)."""
     return torch.optim.Adam(params, lr=config.lr, eps=1e-5)
+
+
+class EnvBatch:
+    """The environments of one worker, stepped together: episode returns logged, time-limit
+    truncation bootstrapped with the value of where the episode stopped, finished ones reset.
+
+    :param ctx: the worker's Context (environments and episode logging come from it).
+    :param n: how many environments.
+    :param gamma: the discount used for the truncation bootstrap.
+    """
+
+    def __init__(self, ctx: Any, n: int, gamma: float) -> None:
+        self.ctx, self.gamma = ctx, gamma
+        self.envs = [ctx.make_env(i) for i in range(n)]
+        self.obs = torch.as_tensor(
+            np.stack([env.reset()[0] for env in self.envs]), dtype=torch.float32
+        )
+        self.ep_return = np.zeros(n)
+        self.ep_length = np.zeros(n, dtype=np.int64)
+        self.rewards = np.zeros(n, dtype=np.float32)
+        self.dones = np.zeros(n, dtype=np.float32)
+
+    def __len__(self) -> int:
+        return len(self.envs)
+
+    def step(self, model: ActorCritic, actions: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+        """Step every env with ``actions``; ``self.obs`` becomes the next observations. Returns
+        the rewards and dones (views, overwritten by the next call)."""
+        env_actions = model.to_env(actions)
+        next_obs = []
+        for i, env in enumerate(self.envs):
+            o, r, terminated, truncated, _ = env.step(env_actions[i])
+            self.ep_return[i] += r
+            self.ep_length[i] += 1
+            if truncated and not terminated:
+                # a time limit, not a failure: the value of where it stopped still counts
+                with torch.no_grad():
+                    r += self.gamma * model.v(torch.as_tensor(o, dtype=torch.float32)).item()
+            if terminated or truncated:
+                self.ctx.log_episode(self.ep_return[i], self.ep_length[i])
+                self.ep_return[i], self.ep_length[i] = 0.0, 0
+                o, _ = env.reset()
+            self.rewards[i], self.dones[i] = r, terminated or truncated
+            next_obs.append(o)
+        self.obs = torch.as_tensor(np.stack(next_obs), dtype=torch.float32)
+        return self.rewards, self.dones
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()

@@ -5,13 +5,12 @@ from __future__ import annotations
 import copy
 
 import attrs
-import numpy as np
 import torch
 from attrs import validators as v
 from torch import nn
 
 import mprl
-from mprl.nets import ActorCritic, ActorCriticConfig
+from mprl.nets import ActorCritic, ActorCriticConfig, EnvBatch
 
 LOG_EVERY = 50  # updates between loss records: reporting must not cost more than learning
 
@@ -45,12 +44,9 @@ def worker(ctx: mprl.Context) -> None:
     assert optimizer is not None
     local = copy.deepcopy(shared)
     shared_params = list(shared.parameters())
-    envs = [ctx.make_env(i) for i in range(cfg.envs_per_worker)]
+    envs = EnvBatch(ctx, cfg.envs_per_worker, cfg.gamma)
     n_envs, horizon = len(envs), cfg.n_steps
-    obs = torch.as_tensor(np.stack([env.reset()[0] for env in envs]), dtype=torch.float32)
-    ep_return = np.zeros(n_envs)
-    ep_length = np.zeros(n_envs, dtype=np.int64)
-    obs_buf = torch.empty((horizon, n_envs, *obs.shape[1:]), dtype=torch.float32)
+    obs_buf = torch.empty((horizon, n_envs, *envs.obs.shape[1:]), dtype=torch.float32)
     rew_buf = torch.empty((horizon, n_envs))
     done_buf = torch.empty((horizon, n_envs))
     act_buf: torch.Tensor | None = None
@@ -59,6 +55,7 @@ def worker(ctx: mprl.Context) -> None:
     while not ctx.should_stop():
         local.load_state_dict(shared.state_dict())
         for t in range(horizon):
+            obs = envs.obs
             with torch.no_grad():
                 out, _ = local(obs)
                 actions = local.sample(out)
@@ -66,29 +63,13 @@ def worker(ctx: mprl.Context) -> None:
                 act_buf = torch.empty((horizon, *actions.shape), dtype=actions.dtype)
             obs_buf[t] = obs
             act_buf[t] = actions
-            env_actions = local.to_env(actions)
-            next_obs = []
-            for i, env in enumerate(envs):
-                o, r, terminated, truncated, _ = env.step(env_actions[i])
-                ep_return[i] += r
-                ep_length[i] += 1
-                if truncated and not terminated:
-                    # time limit, not failure: the value of where we stopped still counts
-                    with torch.no_grad():
-                        final_v = local.v(torch.as_tensor(o, dtype=torch.float32)).item()
-                    r = r + cfg.gamma * final_v
-                if terminated or truncated:
-                    ctx.log_episode(ep_return[i], ep_length[i])
-                    ep_return[i], ep_length[i] = 0.0, 0
-                    o, _ = env.reset()
-                rew_buf[t, i] = float(r)
-                done_buf[t, i] = float(terminated or truncated)
-                next_obs.append(o)
-            obs = torch.as_tensor(np.stack(next_obs), dtype=torch.float32)
+            rewards, dones = envs.step(local, actions)
+            rew_buf[t] = torch.from_numpy(rewards)  # one write per step, not per env
+            done_buf[t] = torch.from_numpy(dones)
         ctx.add_steps(horizon * n_envs)
 
         with torch.no_grad():
-            last_value = local.v(obs).squeeze(-1)
+            last_value = local.v(envs.obs).squeeze(-1)
         returns = _n_step_returns(rew_buf, done_buf, last_value, cfg.gamma).flatten()
         out, values = local(obs_buf.flatten(0, 1))
         assert act_buf is not None
@@ -115,5 +96,4 @@ def worker(ctx: mprl.Context) -> None:
                 entropy=entropy_mean.item(),
                 grad_norm=float(grad_norm),
             )
-    for env in envs:
-        env.close()
+    envs.close()

@@ -10,7 +10,6 @@ from typing import Any
 
 import attrs
 import gymnasium as gym
-import numpy as np
 import torch
 from attrs import validators as v
 from torch import nn
@@ -18,7 +17,7 @@ from torch import nn
 import mprl
 from mprl import schema
 from mprl.errors import UsageError
-from mprl.nets import ActorCritic, ActorCriticConfig
+from mprl.nets import ActorCritic, ActorCriticConfig, EnvBatch
 from mprl.transport import Rollouts, Weights
 
 LOG_EVERY_S = 2.0  # how often the learner reports losses, rates and staleness
@@ -88,16 +87,12 @@ def worker(ctx: mprl.Context) -> None:
     shared: ActorCritic = ctx.model  # type: ignore[assignment]
     local = copy.deepcopy(shared)
     version = -1
-    envs = [ctx.make_env(i) for i in range(cfg.envs_per_worker)]
-    obs = torch.as_tensor(np.stack([env.reset()[0] for env in envs]), dtype=torch.float32)
-    ep_return = np.zeros(len(envs))
-    ep_length = np.zeros(len(envs), dtype=np.int64)
-    rewards = np.zeros(len(envs), dtype=np.float32)
-    dones = np.zeros(len(envs), dtype=np.float32)
+    envs = EnvBatch(ctx, cfg.envs_per_worker, cfg.gamma)
     while (index := rollouts.acquire(ctx.rank, ctx.should_stop)) is not None:
         version = weights.pull(shared, local, version)
         slot = rollouts.slot(index)
         for t in range(cfg.unroll):
+            obs = envs.obs
             with torch.no_grad():
                 out = local.pi(obs)  # acting needs the policy head only
                 actions = local.sample(out)
@@ -105,33 +100,16 @@ def worker(ctx: mprl.Context) -> None:
             slot["obs"][t] = obs
             slot["action"][t] = actions
             slot["logp"][t] = logp
-            env_actions = local.to_env(actions)
-            next_obs = []
-            for i, env in enumerate(envs):
-                o, r, terminated, truncated, _ = env.step(env_actions[i])
-                ep_return[i] += r
-                ep_length[i] += 1
-                if truncated and not terminated:
-                    # a time limit, not a failure: the value of where it stopped still counts
-                    with torch.no_grad():
-                        r += cfg.gamma * local.v(torch.as_tensor(o, dtype=torch.float32)).item()
-                if terminated or truncated:
-                    ctx.log_episode(ep_return[i], ep_length[i])
-                    ep_return[i], ep_length[i] = 0.0, 0
-                    o, _ = env.reset()
-                rewards[i], dones[i] = r, terminated or truncated
-                next_obs.append(o)
+            rewards, dones = envs.step(local, actions)
             slot["reward"][t] = torch.from_numpy(rewards)  # one write per step, not per env
             slot["done"][t] = torch.from_numpy(dones)
-            obs = torch.as_tensor(np.stack(next_obs), dtype=torch.float32)
-        slot["obs"][cfg.unroll] = obs
+        slot["obs"][cfg.unroll] = envs.obs
         slot["version"].fill_(version)
         slot["source"].fill_(ctx.rank)
         rollouts.commit(index)
         ctx.add_steps(cfg.unroll * len(envs))
         ctx.state.collected[ctx.rank] += 1  # control state: a read and a write per rollout
-    for env in envs:
-        env.close()
+    envs.close()
 
 
 def vtrace(
