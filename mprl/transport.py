@@ -32,7 +32,24 @@ import torch
 from mprl import preflight
 
 FieldSpec = tuple[Sequence[int], torch.dtype]  # (shape of one slot, dtype)
-POLL_S = 0.1  # the longest a waiting call sleeps between looks
+MAX_PAUSE_S = 0.001  # the longest a waiting call sleeps between looks
+
+
+def _wait(
+    ready: Callable[[], int | None], stop: Callable[[], bool], timeout: float | None
+) -> int | None:
+    """Poll ``ready()`` with sleeps backing off from 0.1 ms to :data:`MAX_PAUSE_S` until it
+    gives a value; ``None`` once ``stop()`` is true or on timeout."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    pause = 0.0001
+    while True:
+        found = ready()
+        if found is not None:
+            return found
+        if stop() or (deadline is not None and time.monotonic() >= deadline):
+            return None
+        time.sleep(pause)
+        pause = min(pause * 2, MAX_PAUSE_S)
 
 
 FREE, FULL = 0, 1
@@ -93,19 +110,6 @@ class Rollouts:
         """The tensors of slot ``index`` (views into shared memory: write them in place)."""
         return {name: t[index] for name, t in self.buffers.items()}
 
-    @staticmethod
-    def _wait(ready: Callable[[], int | None], stop: Callable[[], bool], timeout: float | None):
-        deadline = None if timeout is None else time.monotonic() + timeout
-        pause = 0.0001
-        while True:
-            found = ready()
-            if found is not None:
-                return found
-            if stop() or (deadline is not None and time.monotonic() >= deadline):
-                return None
-            time.sleep(pause)
-            pause = min(pause * 2, POLL_S / 100)
-
     def acquire(self, rank: int, stop: Callable[[], bool], timeout: float | None = None):
         """The index of rank ``rank``'s next slot, once the learner has freed it (back-pressure:
         a worker ahead of the learner waits here). ``None`` once ``stop()`` is true (pass
@@ -115,7 +119,7 @@ class Rollouts:
         def ready() -> int | None:
             return index if self._state_np[index] == FREE else None
 
-        found = self._wait(ready, stop, timeout)
+        found = _wait(ready, stop, timeout)
         if found is not None:
             self._cursor = (self._cursor + 1) % self.slots_per_worker
         return found
@@ -133,7 +137,7 @@ class Rollouts:
             full = np.flatnonzero(self._state_np == FULL)
             return int(full[np.argmin(self._seq_np[full])]) if full.size else None
 
-        index = self._wait(ready, stop, timeout)
+        index = _wait(ready, stop, timeout)
         if index is not None:
             self._state_np[index] = -1  # taken: neither free nor offered again
         return index
@@ -187,6 +191,22 @@ class Weights:
             yield
         finally:
             self._seq[0] += 1
+
+    def wait(
+        self, newer_than: int, stop: Callable[[], bool], timeout: float | None = None
+    ) -> int | None:
+        """Sleep until an update newer than version ``newer_than`` is complete and no write is
+        in progress; return that version. ``None`` once ``stop()`` is true or on timeout.
+
+        The worker's side of a synchronous algorithm's barrier: it sleeps (backing off to a
+        millisecond), holds no lock, and a process killed while waiting wedges nobody.
+        """
+
+        def ready() -> int | None:
+            seq = int(self._seq[0])
+            return seq // 2 if seq % 2 == 0 and seq // 2 > newer_than else None
+
+        return _wait(ready, stop, timeout)
 
     def pull(self, shared: torch.nn.Module, local: torch.nn.Module, have: int = -1) -> int:
         """Copy ``shared``'s parameters into ``local`` if they are newer than version ``have``;

@@ -153,9 +153,10 @@ def test_sigterm_to_the_whole_process_group_is_a_clean_stop(installed, tmp_path)
 
 
 @pytest.mark.slow
-def test_a3c_defaults_solve_cartpole(tmp_path):
+@pytest.mark.parametrize("plugin", ["a3c", "impala", "ppo"])
+def test_built_in_defaults_solve_cartpole(tmp_path, plugin):
     run_dir = tmp_path / "run"
-    proc = cli("run", "--plugin", "a3c", "--run-dir", str(run_dir), "--quiet", timeout=300)
+    proc = cli("run", "--plugin", plugin, "--run-dir", str(run_dir), "--quiet", timeout=280)
     assert proc.returncode == 0, proc.stderr
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["solved"] and summary["mean_return_100"] >= 475

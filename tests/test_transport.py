@@ -157,6 +157,31 @@ def test_weights_reach_readers_whole_with_increasing_versions():
     assert versions == sorted(versions) and versions[-1] == 3000 and len(versions) > 1
 
 
+def wait_for_update(weights: Weights, newer_than: int, out, stop) -> None:
+    out.put(weights.wait(newer_than, stop.is_set))
+
+
+def test_wait_sleeps_until_an_update_is_complete_and_returns_on_stop():
+    weights, out, stop = Weights(), SPAWN.Queue(), SPAWN.Event()
+    assert weights.wait(-1, lambda: False, timeout=0.1) == 0  # version 0 is newer than -1
+    assert weights.wait(0, lambda: False, timeout=0.2) is None  # nothing newer: times out
+    waiter = SPAWN.Process(target=wait_for_update, args=(weights, 0, out, stop))
+    waiter.start()
+    with weights.writing():
+        time.sleep(3)  # a long update: the waiter must not return in the middle of it
+        assert out.empty()
+    assert out.get(timeout=10) == 1  # released by the completed write
+    waiter.join(timeout=10)
+    # a waiter with nothing to wait for returns None once stopped
+    waiter = SPAWN.Process(target=wait_for_update, args=(weights, 5, out, stop))
+    waiter.start()
+    time.sleep(1)
+    stop.set()
+    assert out.get(timeout=10) is None
+    waiter.join(timeout=10)
+    assert waiter.exitcode == 0
+
+
 def _naive_vtrace(log_rhos, discounts, rewards, values, bootstrap, rho_bar, c_bar):
     """V-trace as written in the paper (eq. 1): a sum over the rest of the rollout."""
     rhos = log_rhos.exp()

@@ -17,7 +17,7 @@ from torch import nn
 import mprl
 from mprl import schema
 from mprl.errors import UsageError
-from mprl.nets import ActorCritic, ActorCriticConfig, EnvBatch
+from mprl.nets import ActorCritic, ActorCriticConfig, EnvBatch, rollout_spec
 from mprl.transport import Rollouts, Weights
 
 LOG_EVERY_S = 2.0  # how often the learner reports losses, rates and staleness
@@ -60,15 +60,7 @@ def make_shared(
     obs_space: gym.Space, act_space: gym.Space, config: ImpalaConfig, n_workers: int
 ) -> Mapping[str, Any]:
     """Rollout slots sized from the spaces and the config, and the weight version counter."""
-    t, e = config.unroll, config.envs_per_worker
-    discrete = isinstance(act_space, gym.spaces.Discrete)
-    spec = {
-        "obs": ((t + 1, e, *obs_space.shape), torch.float32),
-        "action": ((t, e), torch.int64) if discrete else ((t, e, *act_space.shape), torch.float32),
-        "logp": ((t, e), torch.float32),
-        "reward": ((t, e), torch.float32),
-        "done": ((t, e), torch.float32),
-    }
+    spec = rollout_spec(obs_space, act_space, config.unroll, config.envs_per_worker)
     if config.batch_rollouts > n_workers * config.slots_per_worker:
         raise UsageError(
             f"impala config: field 'batch_rollouts' ({config.batch_rollouts}) is more than "
@@ -91,23 +83,10 @@ def worker(ctx: mprl.Context) -> None:
     while (index := rollouts.acquire(ctx.rank, ctx.should_stop)) is not None:
         version = weights.pull(shared, local, version)
         slot = rollouts.slot(index)
-        for t in range(cfg.unroll):
-            obs = envs.obs
-            with torch.no_grad():
-                out = local.pi(obs)  # acting needs the policy head only
-                actions = local.sample(out)
-                logp, _ = local.log_prob_entropy(out, actions)
-            slot["obs"][t] = obs
-            slot["action"][t] = actions
-            slot["logp"][t] = logp
-            rewards, dones = envs.step(local, actions)
-            slot["reward"][t] = torch.from_numpy(rewards)  # one write per step, not per env
-            slot["done"][t] = torch.from_numpy(dones)
-        slot["obs"][cfg.unroll] = envs.obs
+        envs.rollout(local, slot)
         slot["version"].fill_(version)
         slot["source"].fill_(ctx.rank)
         rollouts.commit(index)
-        ctx.add_steps(cfg.unroll * len(envs))
         ctx.state.collected[ctx.rank] += 1  # control state: a read and a write per rollout
     envs.close()
 

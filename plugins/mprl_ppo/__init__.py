@@ -1,0 +1,32 @@
+"""PPO, a built-in algorithm plugin (registered through the ``mprl`` entry point).
+
+Synchronous actor-learner: every iteration each worker fills its shared-memory rollout slot
+(:class:`mprl.transport.Rollouts`) with the current policy, the train process runs clipped PPO
+with GAE on all of them, and publishes the new weights (:class:`mprl.transport.Weights`); the
+workers wait for that version before collecting again. Waiting sleeps; nothing busy-waits.
+"""
+
+from __future__ import annotations
+
+import mprl
+from mprl.nets import make_model, make_optimizer
+from mprl_ppo.algorithm import PPOConfig, gae, make_shared, train, worker
+
+__version__ = "0.1.0"
+__all__ = ["ALGORITHM", "PPOConfig", "gae"]
+
+ALGORITHM = mprl.Algorithm(
+    name="ppo",
+    config_cls=PPOConfig,
+    make_model=make_model,
+    make_optimizer=make_optimizer,
+    make_shared=make_shared,
+    worker=worker,
+    train=train,
+    description="PPO: synchronous collecting workers, one clipped-PPO learner with GAE",
+)
+
+
+@mprl.hookimpl
+def mprl_register_algorithms(register):
+    register(ALGORITHM)

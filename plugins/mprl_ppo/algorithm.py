@@ -1,0 +1,202 @@
+"""PPO: workers collect synchronously into shared-memory rollout slots, one train process runs
+clipped PPO with GAE (Schulman et al. 2017) and publishes the new weights to all of them."""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+import gymnasium as gym
+import torch
+from attrs import validators as v
+from torch import nn
+
+import mprl
+from mprl.nets import ActorCritic, ActorCriticConfig, EnvBatch, rollout_spec
+from mprl.transport import Rollouts, Weights
+
+LOG_EVERY_S = 2.0  # how often the learner reports losses and rates
+MIN_LR_FRACTION = 0.05  # annealing stops here, so a long run keeps learning
+
+
+def _help(text: str) -> dict[str, str]:
+    return {"help": text}
+
+
+@attrs.frozen
+class PPOConfig(ActorCriticConfig):
+    """PPO hyperparameters; the defaults solve CartPole-v1 fast on two cores."""
+
+    envs_per_worker: int = attrs.field(
+        default=8, validator=v.ge(1), metadata=_help("environments each worker steps together")
+    )
+    n_steps: int = attrs.field(
+        default=32, validator=v.ge(1), metadata=_help("steps per environment per iteration")
+    )
+    gamma: float = attrs.field(
+        default=0.98, validator=[v.gt(0.0), v.le(1.0)], metadata=_help("discount factor")
+    )
+    gae_lambda: float = attrs.field(
+        default=0.8, validator=[v.ge(0.0), v.le(1.0)], metadata=_help("GAE lambda")
+    )
+    epochs: int = attrs.field(
+        default=10, validator=v.ge(1), metadata=_help("passes over each iteration's data")
+    )
+    minibatch_size: int = attrs.field(
+        default=256, validator=v.ge(1), metadata=_help("samples per gradient step")
+    )
+    clip: float = attrs.field(
+        default=0.2, validator=v.gt(0.0), metadata=_help("policy ratio clip range")
+    )
+    value_clip: float = attrs.field(
+        default=0.0, validator=v.ge(0.0), metadata=_help("value change clip range; 0: off")
+    )
+    entropy_coef: float = attrs.field(
+        default=0.0, validator=v.ge(0.0), metadata=_help("weight of the entropy bonus")
+    )
+    anneal_steps: int = attrs.field(
+        default=150_000,
+        validator=v.ge(0),
+        metadata=_help(
+            f"env steps over which lr falls linearly to {MIN_LR_FRACTION:g} of itself; 0: constant"
+        ),
+    )
+    reward_scale: float = attrs.field(
+        default=1.0, validator=v.gt(0.0), metadata=_help("rewards are multiplied by this to learn")
+    )
+
+
+def make_shared(
+    obs_space: gym.Space, act_space: gym.Space, config: PPOConfig, n_workers: int
+) -> Mapping[str, Any]:
+    """One rollout slot per worker and the weight version counter."""
+    spec = rollout_spec(obs_space, act_space, config.n_steps, config.envs_per_worker)
+    rollouts = Rollouts(spec, n_workers, slots_per_worker=1)
+    rollouts.buffers["version"].fill_(-1)  # no slot holds a rollout of any version yet
+    return {"rollouts": rollouts, "weights": Weights()}
+
+
+def worker(ctx: mprl.Context) -> None:
+    """Each iteration: wait for the learner's newest weights, fill this worker's slot with
+    ``n_steps`` steps of ``envs_per_worker`` environments, hand it over."""
+    cfg: PPOConfig = ctx.config
+    rollouts: Rollouts = ctx.state.rollouts
+    weights: Weights = ctx.state.weights
+    shared: ActorCritic = ctx.model  # type: ignore[assignment]
+    local = copy.deepcopy(shared)
+    envs = EnvBatch(ctx, cfg.envs_per_worker, cfg.gamma)
+    while (index := rollouts.acquire(ctx.rank, ctx.should_stop)) is not None:
+        slot = rollouts.slot(index)
+        # the barrier: a rollout per policy version, so wait for an update newer than the one
+        # this slot last carried (the slot's version survives a restart of this worker)
+        if weights.wait(int(slot["version"]), ctx.should_stop) is None:
+            break
+        version = weights.pull(shared, local)
+        envs.rollout(local, slot)
+        slot["version"].fill_(version)
+        slot["source"].fill_(ctx.rank)
+        rollouts.commit(index)
+    envs.close()
+
+
+def gae(
+    rewards: torch.Tensor, dones: torch.Tensor, values: torch.Tensor, gamma: float, lam: float
+) -> torch.Tensor:
+    """Generalised advantage estimates over a ``[T, N]`` rollout; ``values`` is ``[T + 1, N]``
+    (the last row: the value after the last step). ``dones[t]`` ends an episode after step t."""
+    advantages = torch.empty_like(rewards)
+    acc = torch.zeros_like(values[0])
+    for t in range(rewards.shape[0] - 1, -1, -1):
+        live = 1.0 - dones[t]
+        delta = rewards[t] + gamma * values[t + 1] * live - values[t]
+        acc = delta + gamma * lam * live * acc
+        advantages[t] = acc
+    return advantages
+
+
+def train(ctx: mprl.Context) -> None:
+    """Each iteration: take every worker's rollout, run ``epochs`` of clipped-PPO minibatch
+    updates on them, publish the new weights (which releases the workers)."""
+    cfg: PPOConfig = ctx.config
+    rollouts: Rollouts = ctx.state.rollouts
+    weights: Weights = ctx.state.weights
+    model: ActorCritic = ctx.model  # type: ignore[assignment]
+    optimizer = ctx.optimizer
+    assert optimizer is not None
+    generator = torch.Generator().manual_seed(ctx.seed)
+    last_log, updates_at_log = time.monotonic(), weights.version
+    while (batch := rollouts.take_batch(ctx.n_workers, ctx.should_stop)) is not None:
+        obs = batch["obs"].flatten(1, 2)  # [T + 1, N, ...]
+        t_len, n = batch["reward"].flatten(1, 2).shape
+        with torch.no_grad():
+            values = model.v(obs.flatten(0, 1)).view(t_len + 1, n)
+        rewards = batch["reward"].flatten(1, 2) * cfg.reward_scale
+        advantages = gae(rewards, batch["done"].flatten(1, 2), values, cfg.gamma, cfg.gae_lambda)
+        returns = advantages + values[:-1]
+        data = (
+            obs[:-1].flatten(0, 1),
+            batch["action"].flatten(1, 2).flatten(0, 1),
+            batch["logp"].flatten(1, 2).flatten(0, 1),
+            advantages.flatten(),
+            returns.flatten(),
+            values[:-1].flatten(),
+        )
+        fraction = 1.0
+        if cfg.anneal_steps:
+            fraction = max(MIN_LR_FRACTION, 1.0 - ctx.env_steps / cfg.anneal_steps)
+        for group in optimizer.param_groups:
+            group["lr"] = cfg.lr * fraction
+        with weights.writing():
+            report = _update(ctx, cfg, model, optimizer, data, generator)
+        now = time.monotonic()
+        if now - last_log >= LOG_EVERY_S:
+            updates = weights.version - updates_at_log
+            ctx.log(**report, lr=cfg.lr * fraction, iterations_per_s=updates / (now - last_log))
+            last_log, updates_at_log = now, weights.version
+
+
+def _update(
+    ctx: mprl.Context,
+    cfg: PPOConfig,
+    model: ActorCritic,
+    optimizer: torch.optim.Optimizer,
+    data: tuple[torch.Tensor, ...],
+    generator: torch.Generator,
+) -> dict[str, float]:
+    """``cfg.epochs`` passes of minibatch updates; the last minibatch's numbers."""
+    size = data[0].shape[0]
+    stats: dict[str, float] = {}
+    for _ in range(cfg.epochs):
+        ctx.heartbeat()
+        for index in torch.randperm(size, generator=generator).split(cfg.minibatch_size):
+            obs, actions, old_logp, advantages, returns, old_values = (d[index] for d in data)
+            if cfg.normalize_advantages and advantages.numel() > 1:
+                advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+            out, values = model(obs)
+            logp, entropy = model.log_prob_entropy(out, actions)
+            ratio = (logp - old_logp).exp()
+            policy_loss = -torch.min(
+                ratio * advantages, ratio.clamp(1 - cfg.clip, 1 + cfg.clip) * advantages
+            ).mean()
+            value_error = (values - returns).pow(2)
+            if cfg.value_clip:
+                clipped = old_values + (values - old_values).clamp(-cfg.value_clip, cfg.value_clip)
+                value_error = torch.max(value_error, (clipped - returns).pow(2))
+            value_loss = 0.5 * value_error.mean()
+            entropy_mean = entropy.mean()
+            loss = policy_loss + cfg.value_coef * value_loss - cfg.entropy_coef * entropy_mean
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+            optimizer.step()
+            stats = {
+                "policy_loss": policy_loss.item(),
+                "value_loss": value_loss.item(),
+                "entropy": entropy_mean.item(),
+                "grad_norm": float(grad_norm),
+                "clip_fraction": ((ratio - 1).abs() > cfg.clip).float().mean().item(),
+            }
+    return stats
