@@ -159,10 +159,10 @@ def test_entry_points_load_and_a_broken_one_is_reported_not_raised(installed):
 def test_blocked_plugin_is_not_loaded(installed, monkeypatch):
     pm = get_plugin_manager(blocked=["testplugin"])
     assert "probe" not in pm.algorithms()
-    monkeypatch.setenv("MPRL_BLOCK_PLUGINS", "testplugin,a3c,impala")
+    monkeypatch.setenv("MPRL_BLOCK_PLUGINS", "testplugin,a3c,impala,ppo")
     pm = get_plugin_manager()
     assert set(pm.algorithms()) == set()
-    assert set(pm.blocked_names()) == {"testplugin", "a3c", "impala"}
+    assert set(pm.blocked_names()) == {"testplugin", "a3c", "impala", "ppo"}
 
 
 def test_autoload_can_be_disabled(installed, monkeypatch):
