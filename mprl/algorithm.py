@@ -104,7 +104,9 @@ class Algorithm:
         n_workers) -> {name: object}``, called once in the main process before the children
         start, for shared objects whose size depends on the spaces or the config, such as
         :class:`mprl.transport.Rollouts` and :class:`mprl.transport.Weights`. They are added to
-        ``ctx.state`` next to the schema's fields.
+        ``ctx.state`` next to the schema's fields. An object with ``state_dict()`` /
+        ``load_state_dict()`` (plain data or tensors) is kept in checkpoints and restored on
+        ``--resume``, as :class:`~mprl.transport.Weights` keeps its version.
     :param action_spaces: the gymnasium space types the algorithm supports.
     :param default_env: the environment used when ``--env`` is not given.
     :param description: one line shown by ``python -m mprl plugins``.

@@ -374,6 +374,11 @@ class _RunMonitor:
                 "steps": list(stats.per_worker) or [0] * (info.run.workers + 2),
                 "stats": stats.state(),
                 "shared_state": shared,
+                "extra_state": {  # make_shared objects that have a state to keep (Weights)
+                    name: obj.state_dict()
+                    for name, obj in job.extra_state.items()
+                    if hasattr(obj, "state_dict")
+                },
                 "rng": checkpoint.rng_states(),
                 "time": time.time(),
             }
@@ -602,6 +607,9 @@ def run(
             else (0,) * (run_cfg.workers + 1) + (sum(saved),)
         )
         snapshot = resumed.data.get("shared_state") or {}
+        for name, saved_state in (resumed.data.get("extra_state") or {}).items():
+            if hasattr(extra.get(name), "load_state_dict"):
+                extra[name].load_state_dict(saved_state)
         checkpoint.set_rng_states(resumed.data["rng"])
     job = Job(
         algo,

@@ -183,6 +183,13 @@ class Weights:
         """Number of completed updates."""
         return int(self._seq[0]) // 2
 
+    def state_dict(self) -> dict[str, int]:
+        """What a checkpoint keeps: the version, so a resumed run counts on from it."""
+        return {"version": self.version}
+
+    def load_state_dict(self, state: Mapping[str, int]) -> None:
+        self._seq[0] = 2 * int(state["version"])
+
     @contextmanager
     def writing(self) -> Iterator[None]:
         """Wrap the learner's in-place update of the shared model (``optimizer.step()``)."""

@@ -101,6 +101,27 @@ def test_resume_continues_counters_metrics_and_learning(tmp_path):
     assert config["session"] == 1 and config["run"]["total_steps"] == 40000
 
 
+def test_resumed_impala_counts_policy_versions_on_from_the_checkpoint(tmp_path):
+    run_dir = tmp_path / "run"
+    args = ["--workers", "2", "--quiet", "--set", "envs_per_worker=8"]
+    first = cli(
+        "run", "--plugin", "impala", "--total-steps", "20000", "--run-dir", str(run_dir), *args
+    )
+    assert first.returncode == 0, first.stderr
+    saved = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
+    updates = saved["extra_state"]["weights"]["version"]
+    learner = [r for r in read_metrics(run_dir) if r["source"] == "trainer"]
+    assert updates >= learner[-1]["updates"] > 10  # the checkpoint holds the last version
+
+    again = cli("run", "--resume", str(run_dir), "--total-steps", "40000", *args)
+    assert again.returncode == 0, again.stderr
+    records = read_metrics(run_dir)
+    (resume,) = [r for r in records if r.get("event") == "resume"]
+    new = [r for r in records[records.index(resume) :] if r["source"] == "trainer"]
+    assert new and min(r["updates"] for r in new) > updates  # counting on, not from 0
+    assert all(0 <= r["staleness"] < 20 for r in new)  # versions of old and new agree
+
+
 def test_resume_after_the_main_process_was_killed(installed, tmp_path):
     run_dir = tmp_path / "run"
     args = ["--plugin", "probe", "--workers", "2", "--quiet", "--run-dir", str(run_dir)]
