@@ -13,8 +13,8 @@ from mprl.backend import Backend
 
 
 @hookimpl(trylast=True)
-def mprl_make_env(env_id: str) -> gym.Env:
-    return gym.make(env_id)
+def mprl_make_env(env_id: str, render_mode: str | None) -> gym.Env:
+    return gym.make(env_id, render_mode=render_mode)
 
 
 @hookimpl(trylast=True)

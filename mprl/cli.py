@@ -1,4 +1,4 @@
-"""``python -m mprl``: run, plugins.
+"""``python -m mprl``: run, plugins, plot, eval, runs.
 
 Exit codes: 0 finished, 1 the run failed (a process crashed), 2 bad usage or config (nothing was
 started), 130 / 143 stopped by SIGINT / SIGTERM after a clean shutdown.
@@ -78,6 +78,12 @@ def _parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     options = run.add_argument_group("run options (also settable in the [run] table)")
     for name, type_name, default, text in describe_fields(RunConfig):
+        if type_name == "bool":  # a switch; None when absent, so a [run] table or checkpoint holds
+            options.add_argument(
+                "--" + name.replace("_", "-"), dest=f"run_{name}", action="store_true",
+                default=None, help=text,
+            )  # fmt: skip
+            continue
         options.add_argument(
             "--" + name.replace("_", "-"), dest=f"run_{name}",
             metavar=type_name.split(" | ")[0].upper(),
@@ -87,6 +93,54 @@ def _parser() -> argparse.ArgumentParser:
 
     plugins = sub.add_parser("plugins", parents=[common], help="list installed plugins")
     plugins.add_argument("--json", action="store_true", help="machine-readable output")
+
+    plot = sub.add_parser(
+        "plot", help="plot learning curves of run directories",
+        description="Plot the mean return of the last N episodes vs env steps and vs wall time, "
+        "one line per run, with the env's reward threshold. Needs matplotlib "
+        '(pip install "mprl[plot]").',
+    )  # fmt: skip
+    plot.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories to overlay")
+    plot.add_argument(
+        "-o", "--out", default="learning_curves.png", metavar="FILE",
+        help="image to write; the format follows the suffix (.png, .svg, .pdf) "
+        "[default learning_curves.png]",
+    )  # fmt: skip
+    plot.add_argument(
+        "--label", dest="labels", action="append", metavar="NAME",
+        help="legend label, one per RUN_DIR in order (repeatable) [default: directory names]",
+    )  # fmt: skip
+    plot.add_argument(
+        "--window", type=int, default=100, metavar="N",
+        help="episodes in the moving mean of returns [default 100]",
+    )  # fmt: skip
+
+    ev = sub.add_parser(
+        "eval", help="play a trained policy and measure it",
+        description="Play episodes with the policy of a run's last checkpoint (or of a checkpoint "
+        "file); print mean ± std return and length and write them as JSON.",
+    )  # fmt: skip
+    ev.add_argument("source", metavar="RUN_DIR|CHECKPOINT", help="run directory or .pt file")
+    ev.add_argument("--episodes", type=int, default=10, help="episodes to play [default 10]")
+    ev.add_argument(
+        "--deterministic", action="store_true",
+        help="take the most likely action (argmax / Gaussian mean) instead of sampling",
+    )  # fmt: skip
+    ev.add_argument("--seed", type=int, default=0, help="seed of the episodes [default 0]")
+    ev.add_argument(
+        "--video", metavar="DIR", default=None,
+        help='record every episode as a video in DIR (needs pip install "gymnasium[other]")',
+    )  # fmt: skip
+    ev.add_argument(
+        "--out", metavar="FILE", default=None,
+        help="JSON to write [default: RUN_DIR/eval.json]",
+    )  # fmt: skip
+
+    runs = sub.add_parser("runs", help="list run directories and how they ended")
+    runs.add_argument(
+        "directory", nargs="?", default="runs", metavar="DIR",
+        help="where to look, up to 3 levels down [default runs]",
+    )  # fmt: skip
     return parser
 
 
@@ -138,7 +192,7 @@ def _cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     for name, field in fields_of(RunConfig).items():
         text = getattr(args, f"run_{name}")
         if text is not None:
-            flags[name] = text if field.type is str else parse_value(text)
+            flags[name] = text if field.type in (str, bool) else parse_value(text)
     try:
         summary = run(
             args.plugin,
@@ -193,12 +247,50 @@ def _cmd_plugins(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_plot(args: argparse.Namespace) -> int:
+    from mprl.report import plot_runs
+
+    out = plot_runs(args.run_dirs, args.out, labels=args.labels, window=args.window)
+    print(f"mprl: wrote {out}")
+    return 0
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    from mprl.evaluate import evaluate
+
+    r = evaluate(
+        args.source, episodes=args.episodes, deterministic=args.deterministic, seed=args.seed,
+        video_dir=args.video, out=args.out, plugins=get_plugin_manager(),
+    )  # fmt: skip
+    how = "deterministic" if r["deterministic"] else "sampled actions"
+    print(
+        f"{r['algorithm']} on {r['env']}, {r['episodes']} episodes ({how}): "
+        f"return {r['mean_return']:.1f} ± {r['std_return']:.1f}, "
+        f"length {r['mean_length']:.1f} ± {r['std_length']:.1f}; written to {r['written_to']}"
+        + (f"; videos in {r['video_dir']}" if r["video_dir"] else "")
+    )
+    return 0
+
+
+def _cmd_runs(args: argparse.Namespace) -> int:
+    from mprl.report import format_runs, list_runs
+
+    print(format_runs(list_runs(args.directory), args.directory))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     try:
         args = parser.parse_args(argv)
         if args.command == "run":
             return _cmd_run(args, parser)
+        if args.command == "plot":
+            return _cmd_plot(args)
+        if args.command == "eval":
+            return _cmd_eval(args)
+        if args.command == "runs":
+            return _cmd_runs(args)
         return _cmd_plugins(args)
     except UsageError as exc:
         print(f"mprl: error: {exc}", file=sys.stderr)

@@ -9,10 +9,18 @@ from mprl.plugins import PluginManager
 
 
 def make_env(
-    pm: PluginManager, env_id: str, *, seed: int = 0, rank: int = -1, index: int = 0
+    pm: PluginManager,
+    env_id: str,
+    *,
+    seed: int = 0,
+    rank: int = -1,
+    index: int = 0,
+    render_mode: str | None = None,
 ) -> gym.Env:
     """Ask the plugins for ``env_id``; the first non-None answer wins (the built-in is last)."""
-    kwargs = {"env_id": env_id, "seed": seed, "rank": rank, "index": index}
+    kwargs = {
+        "env_id": env_id, "seed": seed, "rank": rank, "index": index, "render_mode": render_mode,
+    }  # fmt: skip
     for impl in reversed(pm.hook.mprl_make_env.get_hookimpls()):
         try:
             env = pm.call_one("mprl_make_env", impl.plugin, **kwargs)

@@ -51,7 +51,9 @@ def mprl_register_algorithms(register: Callable[[Algorithm], None]) -> None:
 
 
 @hookspec(firstresult=True)
-def mprl_make_env(env_id: str, seed: int, rank: int, index: int) -> gym.Env | None:
+def mprl_make_env(
+    env_id: str, seed: int, rank: int, index: int, render_mode: str | None
+) -> gym.Env | None:
     """Create the environment ``env_id`` for one worker.
 
     Called in the main process once before anything starts (to check the id and the spaces) and in
@@ -63,6 +65,8 @@ def mprl_make_env(env_id: str, seed: int, rank: int, index: int) -> gym.Env | No
     :param seed: the seed this environment will be reset with (the core seeds it after creation).
     :param rank: the worker's rank, ``-1`` in the main process and the train process.
     :param index: which of the worker's environments this is (0 for the first).
+    :param render_mode: ``None`` in training; ``"rgb_array"`` when ``python -m mprl eval --video``
+        records episodes (pass it to ``gymnasium.make``).
     :returns: a ``gymnasium.Env``, or ``None`` to let the next plugin try. firstresult: the first
         non-``None`` value wins.
 

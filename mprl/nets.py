@@ -66,6 +66,17 @@ class ActorCritic(nn.Module):
         entropy = (log_std + 0.5 * math.log(2 * math.pi * math.e)).sum(-1)
         return logp, entropy
 
+    def act(self, obs: torch.Tensor, deterministic: bool = False) -> np.ndarray:
+        """Actions for a batch of observations, as the env takes them: sampled, or the most
+        likely (argmax / the Gaussian's mean) when ``deterministic``. ``mprl eval`` uses it."""
+        with torch.no_grad():
+            out = self.pi(obs)
+            if not deterministic:
+                actions = self.sample(out)
+            else:
+                actions = out.argmax(-1) if self.discrete else out
+        return self.to_env(actions)
+
     def to_env(self, actions: torch.Tensor) -> np.ndarray:
         """Actions as the env takes them (Box actions clipped to the bounds)."""
         if self.discrete:

@@ -18,13 +18,27 @@ def _fmt(x: float, digits: int = 1) -> str:
     )
 
 
+IDLE_S = 5.0  # a worker whose count has not moved for this long is shown as idle
+
+
 def summary_line(s: Snapshot) -> str:
     budget = f"/{s.total_steps:,}" if s.total_steps else ""
+    eta = f"  ETA {s.eta_s:.0f}s" if s.eta_s is not None else ""
     return (
-        f"[{s.wall_s:7.1f}s] steps {s.env_steps:,}{budget}  {s.steps_per_s:,.0f} steps/s  "
+        f"[{s.wall_s:7.1f}s] steps {s.env_steps:,}{budget}  {s.steps_per_s:,.0f} steps/s{eta}  "
         f"episodes {s.episodes:,}  mean return(100) {_fmt(s.mean_return_100)}  "
         f"best {_fmt(s.best_return)}" + (f"  restarts {s.restarts}" if s.restarts else "")
     )
+
+
+def worker_rows(s: Snapshot) -> list[tuple[str, str, str, str]]:
+    """(worker, env steps, steps/s, status) for each worker rank."""
+    rows = []
+    for rank, idle in enumerate(s.worker_idle_s):
+        rate = s.worker_rates[rank] if rank < len(s.worker_rates) else 0.0
+        status = f"idle {idle:.0f}s" if idle >= IDLE_S else "stepping"
+        rows.append((f"worker {rank}", f"{s.per_worker_steps[rank]:,}", f"{rate:,.0f}", status))
+    return rows
 
 
 class Progress:
@@ -62,10 +76,13 @@ class Progress:
             print(summary_line(s), file=self.stream, flush=True)
 
     def _render(self, s: Snapshot) -> Any:
+        """The live panel: totals (with the learner's latest values below), a line per worker."""
+        from rich.console import Group
         from rich.table import Table
 
         table = Table(title=self.title, show_header=True, expand=False)
         table.add_column("elapsed")
+        table.add_column("ETA", justify="right")
         table.add_column("env steps", justify="right")
         table.add_column("steps/s", justify="right")
         table.add_column("episodes", justify="right")
@@ -75,6 +92,7 @@ class Progress:
         steps = f"{s.env_steps:,}" + (f" / {s.total_steps:,}" if s.total_steps else "")
         table.add_row(
             f"{s.wall_s:.0f}s",
+            f"{s.eta_s:.0f}s" if s.eta_s is not None else "-",
             steps,
             f"{s.steps_per_s:,.0f}",
             f"{s.episodes:,}",
@@ -87,7 +105,12 @@ class Progress:
                 f"{k}={v:.4g}" for k, v in sorted(s.last_values.items()) if k != "episode_length"
             )
             table.caption = extras
-        return table
+        workers = Table(show_header=True, expand=False, box=None)
+        for name in ("worker", "env steps", "steps/s", "status"):
+            workers.add_column(name, justify="left" if name in ("worker", "status") else "right")
+        for row in worker_rows(s):
+            workers.add_row(*row)
+        return Group(table, workers)
 
     def message(self, text: str, detail: str = "") -> None:
         """A line that must be seen whatever the mode (a restart, a slow stop): shown above the

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import csv
 import json
 import os
 import tempfile
@@ -14,6 +15,8 @@ from typing import Any
 import torch
 
 from mprl.errors import UsageError
+
+CSV_COLUMNS = ("wall", "step", "source", "name", "value")
 
 
 def atomic_write(path: Path, write: Any) -> None:
@@ -81,18 +84,41 @@ class RunDir:
         return target
 
     def append_metrics(self, records: Iterable[Mapping[str, Any]]) -> None:
+        """Append to ``metrics.jsonl`` (every record whole) and ``metrics.csv`` (long format:
+        a ``wall,step,source,name,value`` row per numeric value, for spreadsheets and pandas)."""
         if self._metrics is None:
             self._metrics = (self.path / "metrics.jsonl").open("a", encoding="utf-8")
+            self._csv_file = (self.path / "metrics.csv").open("a", encoding="utf-8", newline="")
+            self._csv = csv.writer(self._csv_file)
+            if self._csv_file.tell() == 0:
+                self._csv.writerow(CSV_COLUMNS)
         for record in records:
             self._metrics.write(json.dumps(record, default=str) + "\n")
+            head = (record.get("wall"), record.get("step"), record.get("source"))
+            self._csv.writerows(
+                (*head, name, value)
+                for name, value in record.items()
+                if name not in CSV_COLUMNS and isinstance(value, int | float)
+            )
         self._metrics.flush()
+        self._csv_file.flush()
 
     def save_checkpoint(self, payload: Mapping[str, Any], name: str = "last.pt") -> Path:
         target = self.checkpoints / name
         atomic_write(target, lambda f: torch.save(dict(payload), f))
         return target
 
+    def discard(self) -> None:
+        """Remove a run directory made by :meth:`create` before anything ran in it (it holds
+        only ``config.json`` and an empty ``checkpoints/``), so the same command can be rerun."""
+        self.close()
+        with contextlib.suppress(OSError):
+            (self.path / "config.json").unlink(missing_ok=True)
+            self.checkpoints.rmdir()
+            self.path.rmdir()
+
     def close(self) -> None:
         if self._metrics is not None:
             self._metrics.close()
+            self._csv_file.close()
             self._metrics = None

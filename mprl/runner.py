@@ -90,6 +90,13 @@ class RunConfig:
         validator=v.ge(0),
         metadata={"help": "seconds between checkpoints (0: only at the end)"},
     )
+    tensorboard: bool = attrs.field(
+        default=False,
+        metadata={
+            "help": "write TensorBoard event files to RUN_DIR/tensorboard "
+            '(pip install "mprl[tensorboard]")'
+        },
+    )
 
 
 @attrs.frozen
@@ -258,6 +265,7 @@ class _RunMonitor:
         self.progress = progress
         self.signals = signals
         self.stats = RunStats(info.reward_threshold, info.run.total_steps)
+        self.stats.workers = info.run.workers
         if resume is not None:
             self.stats.restore(resume.data["stats"])
         self._wall0 = time.time() - self.stats.wall_s
@@ -627,7 +635,12 @@ def run(
     display = Progress(progress)
     signals = _Signals()
     monitor = _RunMonitor(info, job, rundir, pm, display, signals, resumed)
-    pm.hook.mprl_run_start(run=info)
+    try:
+        pm.hook.mprl_run_start(run=info)
+    except UsageError:  # a reporter cannot start (a missing package): nothing has run yet
+        if resumed is None:
+            rundir.discard()
+        raise
     title = f"mprl: {algo.name} on {run_cfg.env}, {run_cfg.workers} workers -> {rundir.path}"
     if resumed is not None:
         title = (

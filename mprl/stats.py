@@ -27,6 +27,15 @@ class Snapshot:
     total_steps: int | None
     last_values: Mapping[str, Any]
     restarts: int = 0
+    worker_rates: tuple[float, ...] = ()  # steps/s of each worker rank
+    worker_idle_s: tuple[float, ...] = ()  # seconds since each rank's count last moved
+
+    @property
+    def eta_s(self) -> float | None:
+        """Seconds until ``total_steps`` at the current rate; ``None`` without a budget."""
+        if not self.total_steps or self.steps_per_s <= 0:
+            return None
+        return max(0.0, (self.total_steps - self.env_steps) / self.steps_per_s)
 
 
 class RunStats:
@@ -46,6 +55,10 @@ class RunStats:
         self.steps_per_s = 0.0
         self.restarts = 0
         self._solved = False
+        self.workers = 0  # worker ranks: the first slots of the counters
+        self.worker_rates: tuple[float, ...] = ()
+        self._worker_mark: tuple[float, tuple[int, ...]] = (self.start, ())
+        self._moved: list[float] = []  # when each rank's count last changed
 
     def state(self) -> dict[str, Any]:
         """What a checkpoint keeps, so a resumed run's counters and "solved" carry on."""
@@ -91,6 +104,15 @@ class RunStats:
         elif now - t0 >= 1.0:  # a rate over at least a second is readable
             self.steps_per_s = (self.env_steps - s0) / (now - t0)
             self._rate_mark = (now, self.env_steps)
+        counts = self.per_worker[: self.workers]
+        t0, before = self._worker_mark
+        if len(before) != len(counts):  # the first counters: rates start from here
+            self._worker_mark, self._moved = (now, counts), [now] * len(counts)
+        elif now - t0 >= 1.0:
+            pairs = list(zip(counts, before, self._moved, strict=True))
+            self.worker_rates = tuple((c - b) / (now - t0) for c, b, _ in pairs)
+            self._moved = [now if c != b else m for c, b, m in pairs]
+            self._worker_mark = (now, counts)
 
     def solved(self) -> bool:
         """The mean return of the last 100 episodes reached the env's reward threshold (at some
@@ -114,4 +136,6 @@ class RunStats:
             total_steps=self.total_steps,
             last_values=dict(self.last_values),
             restarts=self.restarts,
+            worker_rates=self.worker_rates,
+            worker_idle_s=tuple(time.monotonic() - m for m in self._moved),
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import subprocess
@@ -51,6 +52,17 @@ def test_a3c_short_run_updates_the_shared_model_and_writes_the_run_dir(run_dir):
     assert sources and sources <= {"worker:0", "worker:1"}
     assert sum("episode_return" in r for r in metrics) == summary.episodes
     assert all(r["wall"] >= 0 and r["step"] >= 0 for r in metrics)
+    # metrics.csv: the same numbers in long format, a row per numeric value of each record
+    with (run_dir / "metrics.csv").open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    expected = [
+        (str(r["wall"]), str(r["step"]), r["source"], k, str(v))
+        for r in metrics
+        for k, v in r.items()
+        if k not in ("wall", "step", "source") and isinstance(v, int | float)
+    ]
+    assert [(r["wall"], r["step"], r["source"], r["name"], r["value"]) for r in rows] == expected
+    assert {r["name"] for r in rows} >= {"episode_return", "episode_length", "policy_loss"}
 
     written = json.loads((run_dir / "summary.json").read_text())
     for key in ("solved", "env_steps", "episodes", "wall_s", "mean_return_100"):

@@ -26,3 +26,31 @@ def test_state_round_trips_counters_and_window():
     again.restore(state)
     assert again.episodes == 150 and list(again.returns) == list(stats.returns)
     assert again.best_return == 149.0 and again.wall_s >= state["wall_s"]
+
+
+def test_worker_rates_idle_times_and_eta_reach_the_live_panel(monkeypatch):
+    import io
+
+    from rich.console import Console
+
+    from mprl import stats as stats_module
+    from mprl.progress import Progress
+
+    clock = [100.0]
+    monkeypatch.setattr(stats_module.time, "monotonic", lambda: clock[0])
+    stats = RunStats(threshold=None, total_steps=10_000)
+    stats.workers = 2
+    stats.set_steps([0, 0, 0, 0])  # two workers, the trainer's slot, carried-over steps
+    for _ in range(8):  # worker 0 steps 500/s, worker 1 is stuck from the start
+        clock[0] += 1.0
+        stats.set_steps([stats.per_worker[0] + 500, 0, 0, 0])
+    snap = stats.snapshot()
+    assert snap.worker_rates == (500.0, 0.0) and snap.steps_per_s == 500.0
+    assert snap.worker_idle_s == (0.0, 8.0)
+    assert snap.eta_s == (10_000 - 4_000) / 500.0
+    out = io.StringIO()
+    Console(file=out, width=120).print(Progress("none")._render(snap))
+    text = out.getvalue()
+    assert "worker 0" in text and "stepping" in text and "4,000" in text
+    assert "worker 1" in text and "idle 8s" in text
+    assert "12s" in text  # the ETA column

@@ -1,0 +1,133 @@
+"""Playing a trained policy: ``python -m mprl eval RUN_DIR|CHECKPOINT``."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from mprl import checkpoint
+from mprl.context import derive_seed
+from mprl.envs import make_env
+from mprl.errors import UsageError
+from mprl.plugins import PluginManager, get_plugin_manager
+from mprl.rundir import atomic_write
+from mprl.runner import prepare
+
+
+def evaluate(
+    source: str | Path,
+    *,
+    episodes: int = 10,
+    deterministic: bool = False,
+    seed: int = 0,
+    video_dir: str | Path | None = None,
+    out: str | Path | None = None,
+    plugins: PluginManager | None = None,
+) -> dict[str, Any]:
+    """Play ``episodes`` episodes with the policy of a run directory's last checkpoint (or of a
+    checkpoint file) and write the results as JSON; returns them.
+
+    The policy is the checkpoint's model, rebuilt by its algorithm with its config; it acts
+    through the model's ``act(obs_batch, deterministic) -> actions`` method (the models of
+    :mod:`mprl.nets` have one). Episode ``i`` is reset with a seed derived from ``seed`` and
+    ``i``, so an evaluation is repeatable. ``video_dir`` records every episode with gymnasium's
+    ``RecordVideo`` (needs ``moviepy``). The JSON goes to ``out``, by default ``eval.json`` in
+    the run directory (``<checkpoint>.eval.json`` next to a checkpoint file outside one).
+    """
+    if episodes < 1:
+        raise UsageError(f"--episodes must be at least 1, not {episodes}")
+    if video_dir is not None and importlib.util.find_spec("moviepy") is None:
+        raise UsageError(
+            "--video needs moviepy, which gymnasium's video recorder uses: "
+            'pip install "gymnasium[other]" (or pip install moviepy)'
+        )
+    file, data = checkpoint.load(source)
+    pm = plugins or get_plugin_manager()
+    try:
+        _, algo, config, run_cfg = prepare(data["algorithm"], pm, data["config"], data["run"])
+    except UsageError as exc:
+        raise UsageError(
+            f"checkpoint {str(file)!r} was written by algorithm {data['algorithm']!r} of plugin "
+            f"{data['plugin']!r}: {exc}"
+        ) from None
+    env = make_env(pm, run_cfg.env, seed=seed, render_mode="rgb_array" if video_dir else None)
+    try:
+        model = algo.make_model(env.observation_space, env.action_space, config)
+        try:
+            model.load_state_dict(data["model"])
+        except (RuntimeError, KeyError) as exc:
+            first = str(exc).strip().splitlines()[0]
+            raise UsageError(
+                f"checkpoint {str(file)!r}: its model does not fit algorithm {algo.name!r} "
+                f"({first})"
+            ) from None
+        model.eval()
+        act = getattr(model, "act", None)
+        if not callable(act):
+            raise UsageError(
+                f"algorithm {algo.name!r}: its model ({type(model).__name__}) has no "
+                "act(obs_batch, deterministic) method, which eval plays with; add one to it"
+            )
+        if video_dir is not None:
+            from gymnasium.wrappers import RecordVideo
+
+            env = RecordVideo(
+                env, str(video_dir), episode_trigger=lambda _: True, name_prefix="eval"
+            )
+        with torch.random.fork_rng(devices=[]):  # sampled actions repeat for a seed
+            torch.manual_seed(seed)
+            returns, lengths = _play(env, act, episodes, deterministic, seed)
+    finally:
+        env.close()
+
+    result = {
+        "checkpoint": str(file),
+        "algorithm": algo.name,
+        "env": run_cfg.env,
+        "env_steps_trained": int(data.get("env_steps", 0)),
+        "episodes": episodes,
+        "deterministic": deterministic,
+        "seed": seed,
+        "mean_return": statistics.fmean(returns),
+        "std_return": statistics.pstdev(returns),
+        "mean_length": statistics.fmean(lengths),
+        "std_length": statistics.pstdev(lengths),
+        "returns": returns,
+        "lengths": lengths,
+        "video_dir": str(video_dir) if video_dir is not None else None,
+    }
+    target = Path(out) if out is not None else _default_out(file)
+    atomic_write(target, lambda f: f.write((json.dumps(result, indent=2) + "\n").encode()))
+    result["written_to"] = str(target)
+    return result
+
+
+def _default_out(file: Path) -> Path:
+    if file.parent.name == "checkpoints" and (file.parent.parent / "config.json").exists():
+        return file.parent.parent / "eval.json"
+    return file.with_name(file.name + ".eval.json")
+
+
+def _play(
+    env: Any, act: Any, episodes: int, deterministic: bool, seed: int
+) -> tuple[list[float], list[int]]:
+    returns, lengths = [], []
+    for i in range(episodes):
+        obs, _ = env.reset(seed=derive_seed(seed, i))
+        total, length, done = 0.0, 0, False
+        while not done:
+            batch = torch.as_tensor(np.asarray(obs, dtype=np.float32)).unsqueeze(0)
+            action = act(batch, deterministic)[0]
+            obs, reward, terminated, truncated, _ = env.step(action)
+            total += float(reward)
+            length += 1
+            done = terminated or truncated
+        returns.append(total)
+        lengths.append(length)
+    return returns, lengths

@@ -1,0 +1,400 @@
+"""Reading finished (or unfinished) run directories back: learning-curve plots and a run table.
+
+``python -m mprl plot RUN_DIR ...`` and ``python -m mprl runs [DIR]`` are built on this module.
+matplotlib is needed for plots only (``pip install "mprl[plot]"``); listing runs needs nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from mprl.errors import UsageError
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+RUNNING_WITHIN_S = 60.0  # no summary.json and metrics written this recently: "running?"
+MAX_DEPTH = 3  # how deep `list_runs` looks for run directories
+MISSING = "-"
+
+
+@dataclass
+class Run:
+    """What a run directory holds, as far as it got.
+
+    ``episodes`` holds one ``(step, wall, return)`` per episode record of ``metrics.jsonl``, in
+    file order; ``summary`` is ``None`` while the run is going on or when it was killed before
+    writing it.
+    """
+
+    path: Path
+    label: str
+    config: dict[str, Any] = field(default_factory=dict)
+    summary: dict[str, Any] | None = None
+    episodes: list[tuple[int, float, float]] = field(default_factory=list)
+    last_step: int | None = None  # the last "step" of any metrics record
+    last_wall: float | None = None  # the last "wall" of any metrics record
+
+    @property
+    def env(self) -> str | None:
+        """The env id, from ``config.json`` or else ``summary.json``."""
+        env = (self.config.get("run") or {}).get("env")
+        if env is None and self.summary is not None:
+            env = self.summary.get("env")
+        return env
+
+    @property
+    def plugin(self) -> str | None:
+        """The plugin name, from ``config.json`` or else ``summary.json``."""
+        plugin = self.config.get("plugin")
+        if plugin is None and self.summary is not None:
+            plugin = self.summary.get("plugin")
+        return plugin
+
+    @property
+    def reward_threshold(self) -> float | None:
+        """The env's reward threshold recorded in ``config.json`` (``None`` when it has none)."""
+        value = self.config.get("reward_threshold")
+        return float(value) if isinstance(value, int | float) else None
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    """A JSON object from ``path``; ``None`` when it is missing. Unreadable is a UsageError."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"cannot read {str(path)!r}: {exc}") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"{str(path)!r} does not hold a JSON object; is it from an mprl run?")
+    return data
+
+
+def is_run_dir(path: str | Path) -> bool:
+    """Whether ``path`` is a directory holding a run's ``config.json`` or ``summary.json``."""
+    p = Path(path)
+    return (p / "config.json").is_file() or (p / "summary.json").is_file()
+
+
+def read_run(path: str | Path, label: str | None = None) -> Run:
+    """Read a run directory: ``config.json``, ``summary.json`` (if written) and the episodes of
+    ``metrics.jsonl``.
+
+    Lines of ``metrics.jsonl`` that do not decode (the half-written last line of a run that was
+    killed) are skipped. ``label`` defaults to the directory's name.
+
+    :raises UsageError: ``path`` is not a run directory (neither ``metrics.jsonl`` nor
+        ``summary.json``), or one of its JSON files is unreadable.
+    """
+    p = Path(path)
+    metrics = p / "metrics.jsonl"
+    if not p.is_dir() or not (metrics.is_file() or (p / "summary.json").is_file()):
+        raise UsageError(
+            f"{str(p)!r} is not a run directory (no metrics.jsonl); give a directory made by "
+            "`python -m mprl run`"
+        )
+    run = Run(
+        path=p,
+        label=label if label is not None else (p.resolve().name or str(p)),
+        config=_read_json(p / "config.json") or {},
+        summary=_read_json(p / "summary.json"),
+    )
+    if not metrics.is_file():
+        return run
+    try:
+        with metrics.open("rb") as f:
+            lines = f.read().splitlines()
+    except OSError as exc:
+        raise UsageError(f"cannot read {str(metrics)!r}: {exc}") from None
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:  # a line cut short by a kill, or garbage: not a record
+            continue
+        if not isinstance(record, dict):
+            continue
+        step, wall = record.get("step"), record.get("wall")
+        if not isinstance(step, int | float) or not isinstance(wall, int | float):
+            continue
+        run.last_step, run.last_wall = int(step), float(wall)
+        ret = record.get("episode_return")
+        if isinstance(ret, int | float) and not isinstance(ret, bool) and math.isfinite(ret):
+            run.episodes.append((int(step), float(wall), float(ret)))
+    return run
+
+
+def rolling_mean(values: Sequence[float], window: int) -> list[float]:
+    """The mean of the last ``window`` values at each position (of fewer at the start)."""
+    out, total = [], 0.0
+    for i, value in enumerate(values):
+        total += value
+        if i >= window:
+            total -= values[i - window]
+        out.append(total / min(i + 1, window))
+    return out
+
+
+def _matplotlib() -> tuple[Any, Any]:
+    """matplotlib's ``Figure`` and the Agg canvas; a UsageError with the fix when missing."""
+    try:
+        import matplotlib  # noqa: F401
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise UsageError(
+            'plotting needs matplotlib, which is not installed: pip install "mprl[plot]"'
+        ) from None
+    return Figure, FigureCanvasAgg
+
+
+def _default_labels(runs: Sequence[Run]) -> list[str]:
+    labels = [r.label for r in runs]
+    if len(set(labels)) == len(labels):
+        return labels
+    return [str(r.path) for r in runs]  # two runs/x/run directories: tell them apart by path
+
+
+def build_figure(
+    runs: Sequence[Run], labels: Sequence[str] | None = None, window: int = 100
+) -> Figure:
+    """The learning-curve figure of ``runs``: the mean of the last ``window`` episode returns
+    against env steps (left) and wall seconds (right), one line per run, and each env's reward
+    threshold as a dashed horizontal line.
+
+    The figure is not attached to pyplot (nothing global changes); it has an Agg canvas, so
+    ``fig.savefig`` works headless.
+
+    :raises UsageError: no runs, a run without episodes, ``labels`` not one per run, or
+        ``window`` < 1; matplotlib is missing.
+    """
+    Figure, FigureCanvasAgg = _matplotlib()
+    if not runs:
+        raise UsageError("give at least one run directory to plot")
+    if window < 1:
+        raise UsageError(f"--window must be >= 1, got {window}")
+    if labels is not None and len(labels) != len(runs):
+        raise UsageError(
+            f"{len(labels)} --label given for {len(runs)} run directories; give one per run "
+            "directory, in the same order, or none"
+        )
+    for run in runs:
+        if not run.episodes:
+            raise UsageError(
+                f"run {str(run.path)!r} has no episodes in metrics.jsonl yet; nothing to plot "
+                "(leave it out or wait until it has finished a few episodes)"
+            )
+    names = list(labels) if labels is not None else _default_labels(runs)
+
+    fig = Figure(figsize=(12, 4.8), layout="constrained")
+    FigureCanvasAgg(fig)
+    by_steps, by_wall = fig.subplots(1, 2, sharey=True)
+    for run, name in zip(runs, names, strict=True):
+        steps, walls, returns = zip(*run.episodes, strict=True)
+        mean = rolling_mean(returns, window)
+        (line,) = by_steps.plot(steps, mean, label=name, linewidth=1.5)
+        by_wall.plot(walls, mean, color=line.get_color(), linewidth=1.5)
+    thresholds: dict[float, list[str]] = {}
+    for run in runs:
+        if run.reward_threshold is not None:
+            envs = thresholds.setdefault(run.reward_threshold, [])
+            if (run.env or "?") not in envs:
+                envs.append(run.env or "?")
+    for value, envs in sorted(thresholds.items()):
+        label = f"reward threshold {value:g} ({', '.join(envs)})"
+        by_steps.axhline(value, color="0.3", linestyle="--", linewidth=1, label=label)
+        by_wall.axhline(value, color="0.3", linestyle="--", linewidth=1)
+    by_steps.set_xlabel("env steps")
+    by_wall.set_xlabel("wall time (s)")
+    by_steps.set_ylabel(f"mean return of the last {window} episodes")
+    for ax in (by_steps, by_wall):
+        ax.grid(True, alpha=0.3)
+    by_steps.set_title("return vs env steps")
+    by_wall.set_title("return vs wall time")
+    by_steps.legend(loc="best", fontsize="small")
+    return fig
+
+
+def plot_runs(
+    run_dirs: Sequence[str | Path],
+    out_path: str | Path,
+    labels: Sequence[str] | None = None,
+    window: int = 100,
+) -> Path:
+    """Plot the learning curves of ``run_dirs`` into ``out_path`` and return its path.
+
+    The format follows the suffix (``.png``, ``.svg``, ``.pdf``, ...); a path without a suffix
+    gets ``.png``. See :func:`build_figure` for what is drawn.
+
+    :raises UsageError: a directory is not a run directory or has no episodes yet, the suffix is
+        not a format matplotlib writes, the output's directory does not exist, or matplotlib is
+        missing (``pip install "mprl[plot]"``).
+    """
+    _, FigureCanvasAgg = _matplotlib()
+    out = Path(out_path)
+    if not out.suffix:
+        out = out.with_suffix(".png")
+    fmt = out.suffix[1:].lower()
+    supported = FigureCanvasAgg.get_supported_filetypes()
+    if fmt not in supported:
+        raise UsageError(
+            f"cannot write {str(out)!r}: unknown image format {out.suffix!r}; use one of "
+            + ", ".join("." + s for s in sorted(supported))
+        )
+    if not out.parent.is_dir():
+        raise UsageError(
+            f"cannot write {str(out)!r}: directory {str(out.parent)!r} does not exist; create it "
+            "or give another -o"
+        )
+    runs = [read_run(d) for d in run_dirs]
+    fig = build_figure(runs, labels=labels, window=window)
+    try:
+        fig.savefig(out, format=fmt, dpi=100)
+    except OSError as exc:
+        raise UsageError(f"cannot write {str(out)!r}: {exc}") from None
+    return out
+
+
+def _find_run_dirs(root: Path, depth: int) -> list[Path]:
+    if is_run_dir(root):
+        return [root]  # a run's own checkpoints/ and logs/ hold no runs
+    if depth >= MAX_DEPTH:
+        return []
+    found: list[Path] = []
+    try:
+        children = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    except OSError:
+        return []
+    for child in children:
+        found.extend(_find_run_dirs(child, depth + 1))
+    return found
+
+
+def _status(run: Run, now: float) -> str:
+    if run.summary is not None:
+        return str(run.summary.get("status") or MISSING)
+    try:
+        modified = (run.path / "metrics.jsonl").stat().st_mtime
+    except OSError:
+        return "incomplete"
+    return "running?" if now - modified < RUNNING_WITHIN_S else "incomplete"
+
+
+def _started(path: Path) -> float:
+    for name in ("config.json", "summary.json"):
+        try:
+            return (path / name).stat().st_mtime
+        except OSError:
+            continue
+    return 0.0
+
+
+def list_runs(directory: str | Path = "runs") -> list[dict[str, Any]]:
+    """The run directories under ``directory`` (itself included, up to 3 levels down), oldest
+    first by the time ``config.json`` was written.
+
+    Each row has ``run_dir`` (``directory`` joined with the run's relative path, as ``plot`` and
+    ``run --resume`` take it), ``plugin``, ``env``, ``env_steps``, ``wall_s``, ``best_return``,
+    ``solved`` and ``status``; a value the run never wrote is ``None``. A run without
+    ``summary.json`` gets its numbers from ``metrics.jsonl`` and the status ``"running?"`` when
+    that was written in the last minute, else ``"incomplete"``.
+
+    :raises UsageError: ``directory`` does not exist or is not a directory.
+    """
+    root = Path(directory)
+    if not root.is_dir():
+        what = "does not exist" if not root.exists() else "is not a directory"
+        raise UsageError(
+            f"{str(root)!r} {what}; give the directory your runs are in (default: runs)"
+        )
+    now = time.time()
+    rows = []
+    for path in sorted(_find_run_dirs(root, 0), key=lambda p: (_started(p), str(p))):
+        try:
+            run = read_run(path)
+        except UsageError:  # config.json alone: a run that died before its first record
+            run = Run(path=path, label=path.name)
+            with contextlib.suppress(UsageError):
+                run.config = _read_json(path / "config.json") or {}
+        s = run.summary or {}
+        best = s.get("best_return") if run.summary is not None else None
+        if run.summary is None and run.episodes:
+            best = max(r for _, _, r in run.episodes)
+        rows.append(
+            {
+                "run_dir": str(path),
+                "plugin": run.plugin,
+                "env": run.env,
+                "env_steps": s.get("env_steps", run.last_step),
+                "wall_s": s.get("wall_s", run.last_wall),
+                "best_return": best,
+                "solved": s.get("solved"),
+                "status": _status(run, now),
+            }
+        )
+    return rows
+
+
+def format_wall(seconds: float | None) -> str:
+    """``12.3 s``, ``4m05s``, ``2h07m``; ``-`` for ``None``."""
+    if not isinstance(seconds, int | float) or not math.isfinite(seconds):
+        return MISSING
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, secs = divmod(round(seconds), 60)
+    if minutes < 60:
+        return f"{minutes}m{secs:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m"
+
+
+def _cell(key: str, value: Any) -> str:
+    if value is None:
+        return MISSING
+    if key == "env_steps" and isinstance(value, int | float):
+        return f"{int(value):,}"
+    if key == "wall_s":
+        return format_wall(value)
+    if key == "best_return" and isinstance(value, int | float):
+        return f"{value:.1f}"
+    if key == "solved":
+        return "yes" if value else "no"
+    return str(value)
+
+
+_COLUMNS = (
+    ("run_dir", "RUN DIR"),
+    ("plugin", "PLUGIN"),
+    ("env", "ENV"),
+    ("env_steps", "ENV STEPS"),
+    ("wall_s", "WALL"),
+    ("best_return", "BEST RETURN"),
+    ("solved", "SOLVED"),
+    ("status", "STATUS"),
+)
+_RIGHT = {"env_steps", "wall_s", "best_return"}
+
+
+def format_runs(rows: Sequence[dict[str, Any]], directory: str | Path = "runs") -> str:
+    """``rows`` of :func:`list_runs` as an aligned text table (``-`` where a value is missing);
+    ``no runs under DIRECTORY`` when there are none."""
+    if not rows:
+        return f"no runs under {directory}"
+    table = [[title for _, title in _COLUMNS]]
+    table += [[_cell(key, row.get(key)) for key, _ in _COLUMNS] for row in rows]
+    widths = [max(len(line[i]) for line in table) for i in range(len(_COLUMNS))]
+    lines = []
+    for line in table:
+        cells = [
+            text.rjust(width) if key in _RIGHT else text.ljust(width)
+            for (key, _), text, width in zip(_COLUMNS, line, widths, strict=True)
+        ]
+        lines.append("  ".join(cells).rstrip())
+    return "\n".join(lines)
