@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import statistics
 from pathlib import Path
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 import torch
 
@@ -42,11 +42,13 @@ def evaluate(
     """
     if episodes < 1:
         raise UsageError(f"--episodes must be at least 1, not {episodes}")
-    if video_dir is not None and importlib.util.find_spec("moviepy") is None:
-        raise UsageError(
-            "--video needs moviepy, which gymnasium's video recorder uses: "
-            'pip install "gymnasium[other]" (or pip install moviepy)'
-        )
+    if video_dir is not None:
+        try:
+            import moviepy  # noqa: F401 - gymnasium's video recorder writes with it
+        except ImportError:
+            raise UsageError(
+                '--video needs moviepy: pip install "mprl[video]" (or "gymnasium[other]")'
+            ) from None
     file, data = checkpoint.load(source)
     pm = plugins or get_plugin_manager()
     try:
@@ -82,7 +84,10 @@ def evaluate(
             )
         with torch.random.fork_rng(devices=[]):  # sampled actions repeat for a seed
             torch.manual_seed(seed)
-            returns, lengths = _play(env, act, episodes, deterministic, seed)
+            try:
+                returns, lengths = _play(env, act, episodes, deterministic, seed)
+            except gym.error.DependencyNotInstalled as exc:  # rendering needs e.g. pygame
+                raise UsageError(f"--video: {run_cfg.env} cannot render frames: {exc}") from None
     finally:
         env.close()
 

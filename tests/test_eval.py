@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
+import os
 
 import pytest
 
@@ -53,7 +53,22 @@ def test_eval_refuses_bad_input_naming_it(tmp_path):
     _train(run_dir, "--plugin", "a3c", "--workers", "1", "--total-steps", "500")
     proc = cli("eval", str(run_dir), "--episodes", "0")
     assert proc.returncode == 2 and "--episodes must be at least 1" in proc.stderr
-    if importlib.util.find_spec("moviepy") is None:  # the recorder's optional dependency
-        proc = cli("eval", str(run_dir), "--video", str(tmp_path / "video"))
-        assert proc.returncode == 2 and 'pip install "gymnasium[other]"' in proc.stderr
+    hidden = tmp_path / "hidden"  # moviepy made unimportable, as on a machine without it
+    (hidden / "moviepy").mkdir(parents=True)
+    (hidden / "moviepy" / "__init__.py").write_text("raise ImportError('not installed')\n")
+    proc = cli("eval", str(run_dir), "--video", str(tmp_path / "video"),
+               env={"PYTHONPATH": os.pathsep.join([str(hidden), os.environ.get("PYTHONPATH", "")])})  # fmt: skip
+    assert proc.returncode == 2 and 'pip install "mprl[video]"' in proc.stderr
     assert not (run_dir / "eval.json").exists()  # nothing half-done
+
+
+def test_video_records_every_episode(tmp_path):
+    run_dir = tmp_path / "run"
+    _train(run_dir, "--plugin", "a3c", "--workers", "1", "--total-steps", "500")
+    video = tmp_path / "video"
+    proc = cli("eval", str(run_dir), "--episodes", "2", "--video", str(video))
+    assert proc.returncode == 0, proc.stderr
+    files = sorted(video.glob("*.mp4"))
+    assert [f.name for f in files] == ["eval-episode-0.mp4", "eval-episode-1.mp4"]
+    assert all(f.stat().st_size > 1000 for f in files)
+    assert json.loads((run_dir / "eval.json").read_text())["video_dir"] == str(video)
