@@ -71,12 +71,15 @@ def ceiling(n_envs: int, seconds: float, seed: int = 0) -> float:
     return rate
 
 
-def framework(workers: int, n_envs: int, warmup_s: float, window_s: float) -> dict:
+def framework(
+    workers: int, n_envs: int, warmup_s: float, window_s: float, sets: list[str] = ()
+) -> dict:
     run_dir = Path(tempfile.mkdtemp(prefix="mprl-throughput-")) / "run"
     args = [
         sys.executable, "-m", "mprl", "run", "--plugin", "impala", "--env", ENV,
         "--workers", str(workers), "--total-steps", "1e12", "--set", f"envs_per_worker={n_envs}",
         "--set", "lr=1e-7", "--run-dir", str(run_dir), "--quiet", "--checkpoint-every", "0",
+        *(a for kv in sets for a in ("--set", kv)),
     ]  # fmt: skip
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     metrics = run_dir / "metrics.jsonl"
@@ -134,13 +137,17 @@ def main() -> None:
     parser.add_argument("--warmup-s", type=float, default=3.0)
     parser.add_argument("--window-s", type=float, default=8.0)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/throughput"))
+    parser.add_argument(
+        "--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+        help="an impala config field for the framework runs (repeatable)",
+    )  # fmt: skip
     args = parser.parse_args()
     cores = os.cpu_count() or 1
     ceilings = {n: ceiling(n, args.window_s) for n in args.envs}
     rows = []
     for n_envs in args.envs:
         for workers in args.workers:
-            fw = framework(workers, n_envs, args.warmup_s, args.window_s)
+            fw = framework(workers, n_envs, args.warmup_s, args.window_s, args.sets)
             row = {
                 "workers": workers,
                 "envs_per_worker": n_envs,
