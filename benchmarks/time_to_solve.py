@@ -171,11 +171,10 @@ class RunRecord:
 def learning_curve(episodes: list[tuple[float, float]]) -> list[list[float]]:
     """``[wall, mean of the last WINDOW returns]`` after each ``(wall, return)`` episode,
     thinned to at most ``CURVE_POINTS`` points (the last one always kept)."""
-    window: deque[float] = deque(maxlen=WINDOW)
-    points = []
-    for wall, ret in episodes:
-        window.append(ret)
-        points.append([round(wall, 3), round(statistics.fmean(window), 2)])
+    from mprl.report import rolling_mean
+
+    means = rolling_mean([ret for _, ret in episodes], WINDOW)
+    points = [[round(w, 3), round(m, 2)] for (w, _), m in zip(episodes, means, strict=True)]
     step = max(1, len(points) // CURVE_POINTS)
     thinned = points[::step]
     if points and thinned[-1] is not points[-1]:

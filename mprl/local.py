@@ -138,6 +138,15 @@ def _init_child(name: str) -> None:
         threading.Thread(target=exit_with_parent, name="mprl-parent-watch", daemon=True).start()
 
 
+def _init_manager(name: str) -> None:
+    """First thing in the Manager server: as any child, and SIGTERM ignored too. A SIGTERM to the
+    whole process group (``kill -TERM -PGID``, ``docker stop``) is the main process's to act on:
+    it stops the run cleanly, with the shared state still there for the final checkpoint, then
+    shuts the server down (which kills it if it does not go)."""
+    _init_child(name)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
 def _child_main(fn: Callable[[Context], None], ctx: Context, threads: int, stack_file: str) -> None:
     """Entry point of every spawned child: seed, limit threads, run, report a crash.
 
@@ -286,7 +295,7 @@ class _LocalRun:
             with _child_environment(self.threads):
                 if job.algorithm.schema.needs_manager():
                     server = SyncManager(ctx=self.ctx)
-                    server.start(initializer=_init_child, initargs=("mprl-manager",))
+                    server.start(initializer=_init_manager, initargs=("mprl-manager",))
                     manager = server
                 self.state = job.algorithm.schema.build(manager, n)
             for name, value in job.extra_state.items():

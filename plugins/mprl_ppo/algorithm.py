@@ -128,6 +128,7 @@ def train(ctx: mprl.Context) -> None:
     assert optimizer is not None
     generator = torch.Generator().manual_seed(ctx.seed)
     last_log, updates_at_log = time.monotonic(), weights.version
+    report: dict[str, float] = {}
     while (batch := rollouts.take_batch(ctx.n_workers, ctx.should_stop)) is not None:
         obs = batch["obs"].flatten(1, 2)  # [T + 1, N, ...]
         t_len, n = batch["reward"].flatten(1, 2).shape
@@ -151,11 +152,19 @@ def train(ctx: mprl.Context) -> None:
             group["lr"] = cfg.lr * fraction
         with weights.writing():
             report = _update(ctx, cfg, model, optimizer, data, generator)
-        now = time.monotonic()
-        if now - last_log >= LOG_EVERY_S:
-            updates = weights.version - updates_at_log
-            ctx.log(**report, lr=cfg.lr * fraction, iterations_per_s=updates / (now - last_log))
-            last_log, updates_at_log = now, weights.version
+        report["lr"] = cfg.lr * fraction
+        if time.monotonic() - last_log >= LOG_EVERY_S:
+            last_log, updates_at_log = _log(ctx, report, weights.version, last_log, updates_at_log)
+    if weights.version > updates_at_log:  # the last stretch, so short runs report too
+        _log(ctx, report, weights.version, last_log, updates_at_log)
+
+
+def _log(
+    ctx: mprl.Context, report: dict[str, float], version: int, since: float, version_then: int
+) -> tuple[float, int]:
+    now = time.monotonic()
+    ctx.log(**report, iterations_per_s=(version - version_then) / max(now - since, 1e-9))
+    return now, version
 
 
 def _update(
