@@ -84,7 +84,8 @@ class ActorCritic(nn.Module):
         return torch.max(torch.min(actions, self.high), self.low).numpy()
 
 
-def _help(text: str) -> dict[str, str]:
+def field_help(text: str) -> dict[str, str]:
+    """``metadata`` for an attrs config field: ``text`` becomes its ``--help`` line."""
     return {"help": text}
 
 
@@ -94,29 +95,31 @@ class ActorCriticConfig:
     an algorithm's own fields or change a default."""
 
     envs_per_worker: int = attrs.field(
-        default=8, validator=v.ge(1), metadata=_help("environments each worker steps together")
+        default=8, validator=v.ge(1), metadata=field_help("environments each worker steps together")
     )
     gamma: float = attrs.field(
-        default=0.99, validator=[v.gt(0.0), v.le(1.0)], metadata=_help("discount factor")
+        default=0.99, validator=[v.gt(0.0), v.le(1.0)], metadata=field_help("discount factor")
     )
-    lr: float = attrs.field(default=1e-3, validator=v.gt(0.0), metadata=_help("Adam learning rate"))
+    lr: float = attrs.field(
+        default=1e-3, validator=v.gt(0.0), metadata=field_help("Adam learning rate")
+    )
     entropy_coef: float = attrs.field(
-        default=0.01, validator=v.ge(0.0), metadata=_help("weight of the entropy bonus")
+        default=0.01, validator=v.ge(0.0), metadata=field_help("weight of the entropy bonus")
     )
     value_coef: float = attrs.field(
-        default=0.5, validator=v.ge(0.0), metadata=_help("weight of the value loss")
+        default=0.5, validator=v.ge(0.0), metadata=field_help("weight of the value loss")
     )
     max_grad_norm: float = attrs.field(
-        default=0.5, validator=v.gt(0.0), metadata=_help("gradient norm clip per update")
+        default=0.5, validator=v.gt(0.0), metadata=field_help("gradient norm clip per update")
     )
     normalize_advantages: bool = attrs.field(
-        default=True, metadata=_help("normalise advantages within each update")
+        default=True, metadata=field_help("normalise advantages within each update")
     )
     hidden: tuple[int, ...] = attrs.field(
         default=(64, 64),
         converter=tuple,
         validator=v.deep_iterable(v.and_(v.instance_of(int), v.gt(0))),
-        metadata=_help("hidden layer sizes of the policy and value networks"),
+        metadata=field_help("hidden layer sizes of the policy and value networks"),
     )
 
 

@@ -17,7 +17,7 @@ from torch import nn
 import mprl
 from mprl import schema
 from mprl.errors import UsageError
-from mprl.nets import ActorCritic, ActorCriticConfig, EnvBatch, rollout_spec
+from mprl.nets import ActorCritic, ActorCriticConfig, EnvBatch, field_help, rollout_spec
 from mprl.transport import Rollouts, Weights
 
 LOG_EVERY_S = 2.0  # how often the learner reports losses, rates and staleness
@@ -26,33 +26,31 @@ LOG_EVERY_S = 2.0  # how often the learner reports losses, rates and staleness
 SCHEMA = schema.Schema(collected=schema.PerWorker(0))  # rollouts handed over, per worker
 
 
-def _help(text: str) -> dict[str, str]:
-    return {"help": text}
-
-
 @attrs.frozen
 class ImpalaConfig(ActorCriticConfig):
     """IMPALA hyperparameters; the defaults solve CartPole-v1 on two cores."""
 
     envs_per_worker: int = attrs.field(
-        default=16, validator=v.ge(1), metadata=_help("environments each worker steps together")
+        default=16,
+        validator=v.ge(1),
+        metadata=field_help("environments each worker steps together"),
     )
     unroll: int = attrs.field(
-        default=16, validator=v.ge(1), metadata=_help("steps per environment in one rollout")
+        default=16, validator=v.ge(1), metadata=field_help("steps per environment in one rollout")
     )
     batch_rollouts: int = attrs.field(
         default=2,
         validator=v.ge(1),
-        metadata=_help("rollouts per learner update (at most workers * slots_per_worker)"),
+        metadata=field_help("rollouts per learner update (at most workers * slots_per_worker)"),
     )
     slots_per_worker: int = attrs.field(
-        default=2, validator=v.ge(1), metadata=_help("rollout slots in flight per worker")
+        default=2, validator=v.ge(1), metadata=field_help("rollout slots in flight per worker")
     )
     rho_bar: float = attrs.field(
-        default=1.0, validator=v.gt(0.0), metadata=_help("V-trace importance weight clip")
+        default=1.0, validator=v.gt(0.0), metadata=field_help("V-trace importance weight clip")
     )
     c_bar: float = attrs.field(
-        default=1.0, validator=v.gt(0.0), metadata=_help("V-trace trace-cutting clip")
+        default=1.0, validator=v.gt(0.0), metadata=field_help("V-trace trace-cutting clip")
     )
 
 

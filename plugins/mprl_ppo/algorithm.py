@@ -15,15 +15,11 @@ from attrs import validators as v
 from torch import nn
 
 import mprl
-from mprl.nets import ActorCritic, ActorCriticConfig, EnvBatch, rollout_spec
+from mprl.nets import ActorCritic, ActorCriticConfig, EnvBatch, field_help, rollout_spec
 from mprl.transport import Rollouts, Weights
 
 LOG_EVERY_S = 2.0  # how often the learner reports losses and rates
 MIN_LR_FRACTION = 0.05  # annealing stops here, so a long run keeps learning
-
-
-def _help(text: str) -> dict[str, str]:
-    return {"help": text}
 
 
 @attrs.frozen
@@ -31,41 +27,43 @@ class PPOConfig(ActorCriticConfig):
     """PPO hyperparameters; the defaults solve CartPole-v1 fast on two cores."""
 
     envs_per_worker: int = attrs.field(
-        default=8, validator=v.ge(1), metadata=_help("environments each worker steps together")
+        default=8, validator=v.ge(1), metadata=field_help("environments each worker steps together")
     )
     n_steps: int = attrs.field(
-        default=32, validator=v.ge(1), metadata=_help("steps per environment per iteration")
+        default=32, validator=v.ge(1), metadata=field_help("steps per environment per iteration")
     )
     gamma: float = attrs.field(
-        default=0.98, validator=[v.gt(0.0), v.le(1.0)], metadata=_help("discount factor")
+        default=0.98, validator=[v.gt(0.0), v.le(1.0)], metadata=field_help("discount factor")
     )
     gae_lambda: float = attrs.field(
-        default=0.8, validator=[v.ge(0.0), v.le(1.0)], metadata=_help("GAE lambda")
+        default=0.8, validator=[v.ge(0.0), v.le(1.0)], metadata=field_help("GAE lambda")
     )
     epochs: int = attrs.field(
-        default=10, validator=v.ge(1), metadata=_help("passes over each iteration's data")
+        default=10, validator=v.ge(1), metadata=field_help("passes over each iteration's data")
     )
     minibatch_size: int = attrs.field(
-        default=256, validator=v.ge(1), metadata=_help("samples per gradient step")
+        default=256, validator=v.ge(1), metadata=field_help("samples per gradient step")
     )
     clip: float = attrs.field(
-        default=0.2, validator=v.gt(0.0), metadata=_help("policy ratio clip range")
+        default=0.2, validator=v.gt(0.0), metadata=field_help("policy ratio clip range")
     )
     value_clip: float = attrs.field(
-        default=0.0, validator=v.ge(0.0), metadata=_help("value change clip range; 0: off")
+        default=0.0, validator=v.ge(0.0), metadata=field_help("value change clip range; 0: off")
     )
     entropy_coef: float = attrs.field(
-        default=0.0, validator=v.ge(0.0), metadata=_help("weight of the entropy bonus")
+        default=0.0, validator=v.ge(0.0), metadata=field_help("weight of the entropy bonus")
     )
     anneal_steps: int = attrs.field(
         default=150_000,
         validator=v.ge(0),
-        metadata=_help(
+        metadata=field_help(
             f"env steps over which lr falls linearly to {MIN_LR_FRACTION:g} of itself; 0: constant"
         ),
     )
     reward_scale: float = attrs.field(
-        default=1.0, validator=v.gt(0.0), metadata=_help("rewards are multiplied by this to learn")
+        default=1.0,
+        validator=v.gt(0.0),
+        metadata=field_help("rewards are multiplied by this to learn"),
     )
 
 
