@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -143,6 +144,17 @@ def child_pids(pid: int) -> list[int]:
             out.append(child)
             todo.append(child)
     return out
+
+
+def kill_worker_and_wait_for_restart(
+    proc: subprocess.Popen[str], run_dir: Path, rank: int
+) -> dict[str, Any]:
+    """SIGKILL worker ``rank`` of the run ``proc`` and return the run's "restart" event for it."""
+    (pid,) = [p for p in child_pids(proc.pid) if comm(p) == f"mprl-worker-{rank}"]
+    os.kill(pid, signal.SIGKILL)
+    records = wait_for_metrics(run_dir, lambda r: r.get("event") == "restart")
+    (restart,) = [r for r in records if r.get("event") == "restart"]
+    return restart
 
 
 def comm(pid: int) -> str:

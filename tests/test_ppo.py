@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 
 import pytest
 import torch
 
 from mprl_ppo import PPOConfig, gae
-from tests.conftest import child_pids, cli, comm, read_metrics, running, wait_for_metrics
+from tests.conftest import (
+    cli,
+    kill_worker_and_wait_for_restart,
+    read_metrics,
+    running,
+    wait_for_metrics,
+)
 
 
 def test_gae_spans_td_error_to_monte_carlo_and_stops_at_episode_ends():
@@ -73,12 +78,7 @@ def test_ppo_worker_killed_mid_run_is_restarted_and_the_barrier_holds(tmp_path):
     ]  # fmt: skip
     with running(args) as proc:
         wait_for_metrics(run_dir, lambda r: r.get("source") == "trainer")
-        (pid,) = [p for p in child_pids(proc.pid) if comm(p) == "mprl-worker-1"]
-        os.kill(pid, signal.SIGKILL)
-        (restart,) = [
-            r for r in wait_for_metrics(run_dir, lambda r: r.get("event") == "restart")
-            if r.get("event") == "restart"
-        ]  # fmt: skip
+        restart = kill_worker_and_wait_for_restart(proc, run_dir, 1)
         # episodes from the new worker 1, and the learner iterating after them
         wait_for_metrics(
             run_dir, lambda r: r.get("source") == "worker:1" and r["wall"] > restart["wall"] + 1

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
-import os
 import pstats
 import signal
 import time
@@ -14,7 +13,13 @@ import torch
 
 from mprl.transport import Rollouts, Weights
 from mprl_impala.algorithm import vtrace
-from tests.conftest import child_pids, cli, comm, read_metrics, running, wait_for_metrics
+from tests.conftest import (
+    cli,
+    kill_worker_and_wait_for_restart,
+    read_metrics,
+    running,
+    wait_for_metrics,
+)
 
 T, E = 5, 3
 SPEC = {"obs": ((T + 1, E, 2), torch.float32), "action": ((T, E), torch.int64)}
@@ -253,12 +258,7 @@ def test_impala_worker_killed_mid_run_is_restarted_and_learning_goes_on(tmp_path
     ]  # fmt: skip
     with running(args) as proc:
         wait_for_metrics(run_dir, lambda r: r.get("source") == "worker:1")
-        (pid,) = [p for p in child_pids(proc.pid) if comm(p) == "mprl-worker-1"]
-        os.kill(pid, signal.SIGKILL)
-        (restart,) = [
-            r for r in wait_for_metrics(run_dir, lambda r: r.get("event") == "restart")
-            if r.get("event") == "restart"
-        ]  # fmt: skip
+        restart = kill_worker_and_wait_for_restart(proc, run_dir, 1)
         # the learner keeps updating after the restart: batches of two slots still form
         wait_for_metrics(
             run_dir,
