@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import math
 import time
 from typing import TYPE_CHECKING, Any, Protocol
@@ -22,7 +23,7 @@ class Channel(Protocol):
 
     def should_stop(self, slot: int) -> bool: ...
     def add_steps(self, slot: int, n: int) -> None: ...
-    def beat(self, slot: int) -> None: ...
+    def beat(self, slot: int, starting: bool = False) -> None: ...
     def env_steps(self) -> int: ...
     def send(self, slot: int, record: dict[str, Any]) -> None: ...
     def flush(self) -> None: ...
@@ -51,7 +52,6 @@ class Context:
     :ivar run: the run's :class:`mprl.RunConfig` (env id, workers, seed, step budget).
     :ivar state: the shared state built from the algorithm's schema.
     :ivar model: the shared model (parameters in shared memory).
-    :ivar optimizer: the shared optimizer, when the algorithm declares ``make_optimizer``.
     :ivar restarts: how many times this rank was restarted before this process (0 at first).
     """
 
@@ -63,11 +63,25 @@ class Context:
     run: RunConfig
     state: SharedState
     model: torch.nn.Module
-    optimizer: torch.optim.Optimizer | None
+    _optimizer: torch.optim.Optimizer | None = attrs.field(alias="optimizer")
     channel: Channel
     blocked_plugins: tuple[str, ...] = ()
     restarts: int = 0
     _plugins: Any = attrs.field(default=None, init=False, repr=False)
+    _optimizer_ready: bool = attrs.field(default=False, init=False, repr=False)
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer | None:
+        """The shared optimizer, when the algorithm declares ``make_optimizer``."""
+        if self._optimizer is not None and not self._optimizer_ready:
+            # torch.optim imports torch._dynamo on an optimizer's first use: 1.3 s of CPU here,
+            # several seconds on a busy machine. It is start-up, not a hang: do it now, under the
+            # start-up grace, so a short --worker-timeout does not kill a healthy process
+            self.channel.beat(self._slot, starting=True)
+            importlib.import_module("torch._dynamo")
+            self.channel.beat(self._slot)
+            self._optimizer_ready = True
+        return self._optimizer
 
     @property
     def source(self) -> str:

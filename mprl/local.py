@@ -12,7 +12,6 @@ import contextlib
 import cProfile
 import ctypes
 import faulthandler
-import importlib
 import multiprocessing as mp
 import os
 import queue
@@ -41,7 +40,8 @@ STOP_GRACE_S = 5.0
 KILL_GRACE_S = 2.0
 TICK_S = 0.25
 MAX_RESTART_DELAY_S = 60.0
-#: a child's first heartbeat comes after its imports; until then it gets at least this long
+#: a child's first heartbeat comes after its imports; until then, and while it does other
+#: start-up work (an optimizer's first use), it gets at least this long
 STARTUP_TIMEOUT_S = 120.0
 _STOP = 0  # index of the stop flag in the control tensor
 _STOP_SIGNALS = (-signal.SIGTERM, -signal.SIGINT)
@@ -53,7 +53,8 @@ class LocalChannel:
 
     ``steps`` has one counter per worker, one for the train process and one for the steps of
     earlier sessions of a resumed run; ``beats`` has each child's last sign of life
-    (``time.monotonic()``, which is one clock for every process on the machine). Children write
+    (``time.monotonic()``, which is one clock for every process on the machine; negated while the
+    child does start-up work, 0 before its first beat). Children write
     through numpy views of the tensors: a store is a few hundred nanoseconds. Records are sent
     in batches (every ``FLUSH_S`` or ``FLUSH_N`` records), so a worker finishing hundreds of
     episodes a second does not pay a queue put, and its feeder thread's wake-up, for each.
@@ -83,9 +84,9 @@ class LocalChannel:
         self.__dict__.update(state)
         self._local()
 
-    def beat(self, slot: int) -> None:
+    def beat(self, slot: int, starting: bool = False) -> None:
         now = time.monotonic()
-        self._beats[slot] = now
+        self._beats[slot] = -now if starting else now  # negative: in start-up work since -now
         if self._pending and now - self._flushed >= self.FLUSH_S:
             self.flush()
 
@@ -162,10 +163,6 @@ def _child_main(fn: Callable[[Context], None], ctx: Context, threads: int, stack
     random.seed(ctx.seed)
     np.random.seed(ctx.seed)
     torch.manual_seed(ctx.seed)
-    if ctx.optimizer is not None and ctx.role == "trainer":
-        # torch.optim imports torch._dynamo on an optimizer's first step (1.3 s of CPU here):
-        # do it now, while the workers start, not when the first experience is waiting
-        importlib.import_module("torch._dynamo")
     ctx.heartbeat()
     profile = cProfile.Profile() if os.environ.get("MPRL_PROFILE") == "1" else None
     try:
@@ -393,8 +390,8 @@ class _LocalRun:
                 code = child.process.exitcode
                 if code is None:
                     last = float(self.channel.beats[child.slot])
-                    silent = now - (last or child.started_at)
-                    limit = timeout if last else max(timeout, STARTUP_TIMEOUT_S)
+                    silent = now - (abs(last) or child.started_at)
+                    limit = timeout if last > 0 else max(timeout, STARTUP_TIMEOUT_S)
                     if not timeout or silent < limit:
                         continue
                     failure = self._kill_hung(child, silent)
