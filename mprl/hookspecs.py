@@ -38,10 +38,50 @@ def mprl_register_algorithms(register: Callable[[Algorithm], None]) -> None:
 
     Example::
 
+        import attrs
+        import torch
+
+        import mprl
+
+
+        @attrs.frozen
+        class Config:
+            hidden: int = 32
+
+
+        def make_model(observation_space, action_space, config):
+            return torch.nn.Sequential(
+                torch.nn.Linear(observation_space.shape[0], config.hidden),
+                torch.nn.Tanh(),
+                torch.nn.Linear(config.hidden, action_space.n),
+            )
+
+
+        def worker(ctx):  # at top level: spawned workers import it by name
+            env = ctx.make_env()
+            while not ctx.should_stop():  # play the shared model greedily; a real one also learns
+                (obs, _), done, episode_return, length = env.reset(), False, 0.0, 0
+                while not done:
+                    with torch.no_grad():
+                        action = int(ctx.model(torch.as_tensor(obs)).argmax())
+                    obs, reward, terminated, truncated, _ = env.step(action)
+                    episode_return, length = episode_return + reward, length + 1
+                    done = terminated or truncated
+                ctx.add_steps(length)
+                ctx.log_episode(episode_return, length)
+
+
         @mprl.hookimpl
         def mprl_register_algorithms(register):
-            register(mprl.Algorithm(name="reinforce", config_cls=Config,
-                                    make_model=make_model, worker=worker))
+            register(
+                mprl.Algorithm(
+                    name="greedy",
+                    config_cls=Config,
+                    make_model=make_model,
+                    worker=worker,
+                    description="plays the shared model greedily, never learns",
+                )
+            )
     """
 
 
@@ -72,10 +112,16 @@ def mprl_make_env(
 
     Example::
 
+        import gymnasium
+
+        import mprl
+
+
         @mprl.hookimpl
-        def mprl_make_env(env_id):
-            if env_id == "Corridor-v0":
-                return Corridor()
+        def mprl_make_env(env_id, render_mode):
+            if env_id != "CartPole-1000-v0":  # CartPole with 1000-step episodes
+                return None
+            return gymnasium.make("CartPole-v1", max_episode_steps=1000, render_mode=render_mode)
     """
 
 
@@ -98,10 +144,15 @@ def mprl_make_backend(name: str) -> Backend | None:
 
     Example::
 
+        import mprl
+        from mprl.local import LocalBackend
+
+
         @mprl.hookimpl
         def mprl_make_backend(name):
-            if name == "ray":
-                return RayBackend()
+            if name == "local-debug":  # the local backend under another name
+                return LocalBackend()
+            return None
     """
 
 
@@ -119,9 +170,13 @@ def mprl_run_start(run: RunInfo) -> None:
 
     Example::
 
+        import mprl
+
+
         @mprl.hookimpl
         def mprl_run_start(run):
-            print(f"training {run.algorithm} on {run.config.env} into {run.run_dir}")
+            print(f"training {run.algorithm} on {run.run.env} with {run.run.workers} workers")
+            print(f"writing to {run.run_dir}")
     """
 
 
@@ -140,11 +195,18 @@ def mprl_report_metrics(run: RunInfo, records: Sequence[Mapping[str, Any]]) -> N
 
     Example::
 
+        import csv
+
+        import mprl
+
+
         @mprl.hookimpl
-        def mprl_report_metrics(records):
-            for r in records:
-                if "episode_return" in r:
-                    writer.add_scalar("return", r["episode_return"], r["step"])
+        def mprl_report_metrics(run, records):
+            with open(run.run_dir / "returns.csv", "a", newline="") as f:
+                rows = csv.writer(f)
+                for r in records:
+                    if "episode_return" in r:
+                        rows.writerow([r["step"], r["source"], r["episode_return"]])
     """
 
 
@@ -159,7 +221,12 @@ def mprl_run_end(run: RunInfo, summary: Mapping[str, Any]) -> None:
 
     Example::
 
+        import mprl
+
+
         @mprl.hookimpl
-        def mprl_run_end(summary):
-            notify(f"run ended: {summary['status']}")
+        def mprl_run_end(run, summary):
+            status, mean = summary["status"], summary["mean_return_100"]
+            with open(run.run_dir / "result.txt", "w") as f:
+                print(f"{run.algorithm}: {status}, mean return {mean}", file=f)
     """
