@@ -41,6 +41,9 @@ class Job:
     extra_state: Mapping[str, Any] = attrs.field(factory=dict)
     #: the run directory, for the backend's own files (``logs/``); a temp dir when ``None``
     run_dir: Path | None = None
+    #: the run's plugin manager; a backend running the processes in this process (``serial``)
+    #: gives it to their contexts, spawned processes build their own
+    plugins: Any = None
 
 
 @attrs.frozen

@@ -1,4 +1,5 @@
-"""The core's own plugin: default environment factory and the local process backend.
+"""The core's own plugin: default environment factory and the backends (local:
+spawned processes; serial: turn-taking threads of this process, for debugging and tests).
 
 Registered by :func:`mprl.plugins.get_plugin_manager` like any other plugin, so a third-party
 plugin overrides either hook by returning a result first.
@@ -23,4 +24,8 @@ def mprl_make_backend(name: str) -> Backend | None:
         from mprl.local import LocalBackend
 
         return LocalBackend()
+    if name == "serial":
+        from mprl.serial import SerialBackend
+
+        return SerialBackend()
     return None

@@ -90,6 +90,11 @@ def _parser() -> argparse.ArgumentParser:
             help=f"{text} [default {default}]" if "default" not in text else text,
         )  # fmt: skip
     run.add_argument("--quiet", "-q", action="store_true", help="no progress display")
+    run.add_argument(
+        "--serial", action="store_true",
+        help="debug: run the workers and train process in this process, taking turns (same as "
+        "--backend serial): nothing spawned, repeatable for a seed, breakpoint() works",
+    )  # fmt: skip
 
     plugins = sub.add_parser("plugins", parents=[common], help="list installed plugins")
     plugins.add_argument("--json", action="store_true", help="machine-readable output")
@@ -193,13 +198,18 @@ def _cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         text = getattr(args, f"run_{name}")
         if text is not None:
             flags[name] = text if field.type in (str, bool) else parse_value(text)
+    if args.serial:
+        if flags.get("backend", "serial") != "serial":
+            raise UsageError(f"--serial and --backend {flags['backend']} contradict each other")
+        flags["backend"] = "serial"
     try:
         summary = run(
             args.plugin,
             config=config,
             run_dir=args.run_dir,
             resume=args.resume,
-            progress="none" if args.quiet else "auto",
+            # a live panel would redraw over a breakpoint()'s prompt: plain lines when serial
+            progress="none" if args.quiet else "plain" if args.serial else "auto",
             plugins=pm,
             **{**_run_options(options, args.config), **_run_options(flags, None)},
         )

@@ -64,7 +64,10 @@ class RunConfig:
         validator=v.ge(0),
         metadata={"help": "torch threads per child (0: cores / children)"},
     )
-    backend: str = attrs.field(default="local", metadata={"help": "where processes run"})
+    backend: str = attrs.field(
+        default="local",
+        metadata={"help": "where processes run: local (spawned) or serial (see --serial)"},
+    )
     max_restarts: int = attrs.field(
         default=0,
         validator=v.ge(0),
@@ -541,7 +544,7 @@ def run(
         )
     runner = pm.hook.mprl_make_backend(name=run_cfg.backend)
     if runner is None:
-        raise UsageError(f"no plugin provides backend {run_cfg.backend!r}; built in: local")
+        raise UsageError(f"no plugin provides backend {run_cfg.backend!r}; built in: local, serial")
 
     with torch.random.fork_rng(devices=[]):  # initial weights follow the run seed only
         torch.manual_seed(run_cfg.seed)
@@ -631,6 +634,7 @@ def run(
         session=session,
         extra_state=extra,
         run_dir=rundir.path,
+        plugins=pm,
     )
     display = Progress(progress)
     signals = _Signals()

@@ -71,11 +71,16 @@ def pm() -> PluginManager:
 
 
 def cli(
-    *args: str, env: dict[str, str] | None = None, timeout: float = 120, cwd: Path | None = None
+    *args: str,
+    env: dict[str, str] | None = None,
+    timeout: float = 120,
+    cwd: Path | None = None,
+    stdin: str | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """Run ``python -m mprl ARGS`` like a user would."""
+    """Run ``python -m mprl ARGS`` like a user would (typing ``stdin``, if given)."""
     return subprocess.run(
         [sys.executable, "-m", "mprl", *args],
+        input=stdin,
         capture_output=True,
         text=True,
         timeout=timeout,

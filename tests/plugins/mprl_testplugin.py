@@ -51,7 +51,7 @@ class Switches(Corridor):
         self.action_space = gym.spaces.MultiBinary(3)
 
 
-FAULTS = ("none", "raise", "exit", "sigkill", "hang", "ignore_stop")
+FAULTS = ("none", "raise", "exit", "sigkill", "hang", "ignore_stop", "breakpoint")
 
 
 @attrs.frozen
@@ -89,6 +89,8 @@ def inject(ctx: mprl.Context, fault: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
     if fault == "hang":
         time.sleep(3600)  # no heartbeat: should_stop is never called again
+    if fault == "breakpoint":
+        breakpoint()
     if fault == "ignore_stop":
         while True:  # never returns, heartbeat or not
             time.sleep(0.05)

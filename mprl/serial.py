@@ -1,0 +1,502 @@
+"""The serial backend: a job's worker and train functions in this process, taking turns.
+
+``python -m mprl run --serial`` (``backend="serial"``) runs every worker and the train process
+as a thread of the current process, but only one at a time: each runs until its next call to
+``ctx.should_stop()``, ``ctx.add_steps()``, ``ctx.log()`` or ``ctx.heartbeat()``, then hands
+the turn to the next one, in a fixed order (train process, then workers by rank). Nothing is
+spawned and no Manager server starts; each process keeps its own ``random`` / numpy / torch
+random state across turns, seeded as in a spawned run. The interleaving depends only on those
+calls, so a run is repeatable for a seed, and ``breakpoint()`` in a worker or train function
+stops there with a usable prompt.
+
+It is for debugging and for unit tests (:mod:`mprl.testing`), not for speed: one core does
+all the work, a crash ends the run (no restarts) and there is no hang detection. Module-level
+globals of a plugin are shared by all its "processes" here, unlike in spawned processes.
+
+:class:`InProcessManager` builds a schema's Manager objects as plain in-process objects (lists,
+dicts, and locks / events / barriers / queues whose waits give the other processes their turn).
+"""
+
+from __future__ import annotations
+
+import array
+import queue
+import random
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterable, Sequence
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import torch
+
+from mprl.backend import ChildFailure, Job, Monitor, Outcome
+from mprl.context import Context, derive_seed
+from mprl.schema import SharedState
+
+TICK_S = 0.25  # the monitor is asked to stop at least this often, and after every new record
+#: every live process waiting (a lock, barrier, queue or event) for this long is a deadlock
+DEADLOCK_S = 10.0
+
+
+class _Stopped(BaseException):
+    """Raised in a process that waits on shared state once the run is stopping."""
+
+
+# --------------------------------------------------------------------------------------------
+# Shared state without a Manager server
+# --------------------------------------------------------------------------------------------
+
+Pause = Callable[[], None]
+
+
+def _sleep_pause() -> None:
+    time.sleep(0.0005)
+
+
+def _poll(attempt: Callable[[], bool], pause: Pause, timeout: float | None) -> bool:
+    """Call ``attempt()`` until it succeeds, pausing between tries; False on timeout."""
+    deadline = None if timeout is None or timeout < 0 else time.monotonic() + timeout
+    while not attempt():
+        if deadline is not None and time.monotonic() >= deadline:
+            return False
+        pause()
+    return True
+
+
+class _Lock:
+    def __init__(self, pause: Pause, inner: Any) -> None:
+        self._pause, self._inner = pause, inner
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        if not blocking:
+            return self._inner.acquire(blocking=False)
+        return _poll(lambda: self._inner.acquire(blocking=False), self._pause, timeout)
+
+    def release(self) -> None:
+        self._inner.release()
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+class _Event:
+    def __init__(self, pause: Pause) -> None:
+        self._pause, self._flag = pause, False
+
+    def set(self) -> None:
+        self._flag = True
+
+    def clear(self) -> None:
+        self._flag = False
+
+    def is_set(self) -> bool:
+        return self._flag
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return _poll(self.is_set, self._pause, timeout)
+
+
+class _Condition:
+    def __init__(self, pause: Pause) -> None:
+        self._pause = pause
+        self._lock = _Lock(pause, threading.RLock())
+        self._waiters: list[list[bool]] = []
+        self.acquire, self.release = self._lock.acquire, self._lock.release
+
+    def __enter__(self) -> bool:
+        return self._lock.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        token = [False]
+        self._waiters.append(token)
+        self._lock.release()
+        try:
+            return _poll(lambda: token[0], self._pause, timeout)
+        finally:
+            if token in self._waiters:
+                self._waiters.remove(token)
+            self._lock.acquire()
+
+    def wait_for(self, predicate: Callable[[], Any], timeout: float | None = None) -> Any:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        result = predicate()
+        while not result:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                break
+            self.wait(left)
+            result = predicate()
+        return result
+
+    def notify(self, n: int = 1) -> None:
+        for token in self._waiters[:n]:
+            token[0] = True
+        del self._waiters[:n]
+
+    def notify_all(self) -> None:
+        self.notify(len(self._waiters))
+
+
+class _Barrier:
+    def __init__(self, pause: Pause, parties: int) -> None:
+        self._pause, self.parties = pause, parties
+        self.n_waiting, self._generation = 0, 0
+        self._lock = threading.Lock()  # never held across a wait
+
+    def wait(self, timeout: float | None = None) -> int:
+        with self._lock:
+            index, generation = self.n_waiting, self._generation
+            self.n_waiting += 1
+            if self.n_waiting == self.parties:
+                self.n_waiting, self._generation = 0, generation + 1
+                return index
+        if not _poll(lambda: self._generation != generation, self._pause, timeout):
+            raise threading.BrokenBarrierError
+        return index
+
+
+class _Queue(queue.Queue):
+    def __init__(self, pause: Pause, maxsize: int = 0) -> None:
+        super().__init__(maxsize)
+        self._pause = pause
+
+    def put(self, item: Any, block: bool = True, timeout: float | None = None) -> None:
+        if block and not _poll(lambda: not self.full(), self._pause, timeout):
+            raise queue.Full
+        super().put(item, block=False)
+
+    def get(self, block: bool = True, timeout: float | None = None) -> Any:
+        if block and not _poll(lambda: not self.empty(), self._pause, timeout):
+            raise queue.Empty
+        return super().get(block=False)
+
+
+class _Value:
+    def __init__(self, typecode: str, value: Any) -> None:
+        self.typecode, self.value = typecode, value
+
+    def get(self) -> Any:
+        return self.value
+
+    def set(self, value: Any) -> None:
+        self.value = value
+
+
+class _Namespace(SimpleNamespace):
+    def _getvalue(self) -> SimpleNamespace:  # what a Manager's Namespace proxy answers
+        return SimpleNamespace(**vars(self))
+
+
+class InProcessManager:
+    """Builds a schema's Manager objects in this process (what :class:`SyncManager` would make
+    in its server), for the serial backend and for tests: ``schema.build(InProcessManager(), n)``.
+
+    :param pause: called while a lock, semaphore, condition, event, barrier or queue waits; the
+        serial backend gives the other processes their turn there. Default: sleep 0.5 ms, so
+        real threads can share the objects too.
+    """
+
+    def __init__(self, pause: Pause | None = None) -> None:
+        self._pause = pause or _sleep_pause
+
+    # named as SyncManager names them
+    def list(self, items: Iterable[Any] = ()) -> list[Any]:
+        return list(items)
+
+    def dict(self, items: Any = ()) -> dict[Any, Any]:
+        return dict(items)
+
+    def Namespace(self, **attrs: Any) -> _Namespace:
+        return _Namespace(**attrs)
+
+    def Lock(self) -> _Lock:
+        return _Lock(self._pause, threading.Lock())
+
+    def RLock(self) -> _Lock:
+        return _Lock(self._pause, threading.RLock())
+
+    def Semaphore(self, value: int = 1) -> _Lock:
+        return _Lock(self._pause, threading.Semaphore(value))
+
+    def BoundedSemaphore(self, value: int = 1) -> _Lock:
+        return _Lock(self._pause, threading.BoundedSemaphore(value))
+
+    def Condition(self) -> _Condition:
+        return _Condition(self._pause)
+
+    def Event(self) -> _Event:
+        return _Event(self._pause)
+
+    def Barrier(self, parties: int) -> _Barrier:
+        return _Barrier(self._pause, parties)
+
+    def Queue(self, maxsize: int = 0) -> _Queue:
+        return _Queue(self._pause, maxsize)
+
+    def Value(self, typecode: str, value: Any) -> _Value:
+        return _Value(typecode, value)
+
+    def Array(self, typecode: str, sequence: Sequence[Any]) -> array.array:
+        return array.array(typecode, sequence)
+
+
+# --------------------------------------------------------------------------------------------
+# Taking turns
+# --------------------------------------------------------------------------------------------
+
+
+class _Proc:
+    """One worker or the train process: its context, thread and random state between turns."""
+
+    def __init__(self, index: int, fn: Callable[[Context], None], ctx: Context) -> None:
+        self.index, self.fn, self.ctx = index, fn, ctx
+        self.turn = threading.Semaphore(0)
+        self.live = True
+        self.rng: tuple[Any, Any, Any] | None = None
+        self.thread = threading.Thread(
+            target=self._main,
+            name=f"mprl-{ctx.role}" + (f"-{ctx.rank}" if ctx.rank >= 0 else ""),
+            daemon=True,  # a forced exit (second Ctrl-C) does not wait for it
+        )
+        self.run: _SerialRun | None = None
+
+    def _main(self) -> None:
+        run = self.run
+        assert run is not None
+        self.turn.acquire()
+        run.current = self
+        random.seed(self.ctx.seed)
+        np.random.seed(self.ctx.seed)
+        torch.manual_seed(self.ctx.seed)
+        code, tb = 0, ""
+        try:
+            if not run.stopping:
+                self.fn(self.ctx)
+        except _Stopped:
+            pass  # it was waiting when the run stopped: what SIGTERM is to a spawned process
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+        except BaseException:  # every way a process can fail is reported
+            code, tb = 1, traceback.format_exc()
+        if code:
+            reason = f"exited with code {code}"  # as a spawned process that raised would
+            run.failures.append(ChildFailure(self.ctx.role, self.ctx.rank, code, reason, tb))
+            run.stop("failed")
+        self.live = False
+        run.finished(self)
+
+
+class _SerialChannel:
+    """The :class:`mprl.context.Channel` of serial runs: counters in this process, and every
+    call is where the calling process hands the turn on."""
+
+    def __init__(self, run: _SerialRun, initial_steps: Sequence[int], slots: int) -> None:
+        self.run = run
+        self.steps = list(initial_steps) if initial_steps else [0] * slots
+        self.pending: list[dict[str, Any]] = []
+
+    def should_stop(self, slot: int) -> bool:
+        self.run.switch()
+        return self.run.stopping
+
+    def add_steps(self, slot: int, n: int) -> None:
+        self.steps[slot] += n
+        self.run.switch()
+
+    def beat(self, slot: int, starting: bool = False) -> None:
+        if not starting:
+            self.run.switch()
+
+    def env_steps(self) -> int:
+        return sum(self.steps)
+
+    def send(self, slot: int, record: dict[str, Any]) -> None:
+        self.pending.append(record)
+        self.run.switch()
+
+    def flush(self) -> None:
+        pass
+
+
+class SerialBackend:
+    """Runs a job's processes as turn-taking threads of this process (see the module doc).
+
+    After :meth:`execute`, ``job``, ``state`` and ``contexts`` of the last run stay readable:
+    :mod:`mprl.testing` hands them to tests.
+    """
+
+    name = "serial"
+
+    def __init__(self) -> None:
+        self.job: Job | None = None
+        self.state: SharedState | None = None
+        self.contexts: list[Context] = []
+
+    def execute(self, job: Job, monitor: Monitor) -> Outcome:
+        run = _SerialRun(job, monitor)
+        self.job, self.contexts = job, [p.ctx for p in run.procs]
+        outcome = run.execute()
+        self.state = run.state
+        return outcome
+
+
+class _SerialRun:
+    def __init__(self, job: Job, monitor: Monitor) -> None:
+        self.job, self.monitor = job, monitor
+        n = job.run.workers
+        self.channel = _SerialChannel(self, job.initial_steps, n + 2)
+        self.state = job.algorithm.schema.build(InProcessManager(self.pause), n)
+        for name, value in job.extra_state.items():
+            setattr(self.state, name, value)
+        self.failures: list[ChildFailure] = []
+        self.reason: str | None = None
+        self.done = threading.Event()
+        self.current: _Proc | None = None
+        self._last_tick = -float("inf")
+        self._moved_at = time.monotonic()  # the last turn that was not a wait
+        roles = [("worker", rank) for rank in range(n)]
+        if job.algorithm.train is not None:
+            roles.insert(0, ("trainer", -1))  # first, as in a spawned run
+        self.procs = [self._proc(i, role, rank) for i, (role, rank) in enumerate(roles)]
+
+    def _proc(self, index: int, role: str, rank: int) -> _Proc:
+        job = self.job
+        ctx = Context(
+            role=role,
+            rank=rank,
+            n_workers=job.run.workers,
+            seed=derive_seed(job.run.seed, rank + 1, job.session, 0),
+            config=job.config,
+            run=job.run,
+            state=self.state,
+            model=job.model,
+            optimizer=job.optimizer,
+            channel=self.channel,
+            blocked_plugins=job.blocked_plugins,
+        )
+        ctx._plugins = job.plugins  # the run's own plugin manager: no reload, inline plugins work
+        fn = job.algorithm.worker if role == "worker" else job.algorithm.train
+        assert fn is not None
+        proc = _Proc(index, fn, ctx)
+        proc.run = self
+        return proc
+
+    @property
+    def stopping(self) -> bool:
+        return self.reason is not None
+
+    def stop(self, reason: str) -> None:
+        if self.reason is None:
+            self.reason = reason
+
+    def execute(self) -> Outcome:
+        job = self.job
+        if job.state_snapshot:
+            skipped = job.algorithm.schema.restore(self.state, job.state_snapshot)
+            if skipped:
+                self.monitor.on_event(
+                    {
+                        "event": "state-not-restored",
+                        "message": "shared-state fields not restored from the checkpoint (they "
+                        f"do not fit this run's {job.run.workers} workers): {', '.join(skipped)}",
+                    }
+                )
+        self.monitor.on_start(self.state)
+        for proc in self.procs:
+            proc.thread.start()
+        self.procs[0].turn.release()
+        try:
+            while not self.done.wait(TICK_S):
+                pass
+        finally:
+            self.stop("stopped")  # a second Ctrl-C: the threads leave at their next call
+        for proc in self.procs:
+            proc.thread.join()  # done: each has only its last instructions left
+        self._round()
+        self.monitor.on_stop(self.channel.steps)
+        restarts = (0,) * job.run.workers
+        return Outcome(self.reason or "stopped", self.failures, restarts, 0.0)
+
+    def pause(self) -> None:
+        """Where the shared state's locks, barriers, queues and events wait: a turn for the
+        others. Raises :class:`_Stopped` once the run stops, and reports a deadlock."""
+        if self.stopping:
+            raise _Stopped
+        if time.monotonic() - self._moved_at > DEADLOCK_S:
+            raise RuntimeError(
+                f"deadlock: every process has waited on the shared state for {DEADLOCK_S:g} s "
+                "(a lock, barrier, queue or event that nothing will release); this is where "
+                "this one waits"
+            )
+        self.switch(moved=False)
+
+    def switch(self, moved: bool = True) -> None:
+        """Called by the process whose turn it is: hand the turn to the next live one."""
+        if moved:
+            self._moved_at = time.monotonic()
+        me = self.current
+        if me is None or threading.current_thread() is not me.thread:
+            return  # not a process of this run (the main thread building the state)
+        nxt = self._next_live(me.index)
+        if nxt is None or nxt.index <= me.index:
+            self._round()
+        if nxt is None or nxt is me:
+            return
+        me.rng = (random.getstate(), np.random.get_state(), torch.get_rng_state())
+        self.current = nxt
+        nxt.turn.release()
+        me.turn.acquire()
+        self.current = me
+        random.setstate(me.rng[0])
+        np.random.set_state(me.rng[1])
+        torch.set_rng_state(me.rng[2])
+
+    def _next_live(self, index: int) -> _Proc | None:
+        n = len(self.procs)
+        for step in range(1, n + 1):
+            proc = self.procs[(index + step) % n]
+            if proc.live:
+                return proc
+        return None
+
+    def finished(self, proc: _Proc) -> None:
+        """``proc``'s function returned or raised: the next live process gets the turn."""
+        role_done = [p for p in self.procs if p.ctx.role == proc.ctx.role and not p.live]
+        if proc.ctx.role == "trainer":
+            self.stop("trainer finished")
+        elif len(role_done) == self.job.run.workers:
+            self.stop("workers finished")
+        nxt = self._next_live(proc.index)
+        if nxt is None:
+            self.current = None
+            self.done.set()
+            return
+        self.current = nxt
+        nxt.turn.release()
+
+    def _round(self) -> None:
+        """Once per round of turns: hand the records to the monitor and ask it whether to stop.
+
+        Asked after every new record and when the step budget is reached, so where a run stops
+        does not depend on timing."""
+        records, self.channel.pending = self.channel.pending, []
+        if records:
+            self.monitor.on_records(records)
+        steps = self.channel.steps
+        total = self.job.run.total_steps
+        now = time.monotonic()
+        due = records or (total is not None and sum(steps) >= total)
+        if due or now - self._last_tick >= TICK_S:
+            self._last_tick = now
+            reason = self.monitor.on_tick(sum(steps), list(steps))
+            if reason is not None:
+                self.stop(reason)

@@ -1,0 +1,206 @@
+"""The serial backend (``run --serial``): every process a turn-taking thread of this one."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+
+import attrs
+import pytest
+import torch
+
+import mprl
+from mprl import schema, serial
+from mprl.errors import RunFailed
+from mprl.nets import make_model
+from mprl.plugins import get_plugin_manager
+from tests.conftest import cli
+from tests.plugins import mprl_testplugin
+
+
+def _params(model: torch.nn.Module) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def test_a_serial_run_repeats_exactly_for_a_seed(mprl_serial):
+    # ppo: a train process and two workers meeting at the Weights.wait barrier every update
+    pm_run = {"env": "CartPole-v1", "total_steps": 3000, "workers": 2}
+    pm = get_plugin_manager()  # the installed ppo plugin
+    a = mprl_serial("ppo", plugins=pm, seed=3, **pm_run)
+    b = mprl_serial("ppo", plugins=pm, seed=3, **pm_run)
+    c = mprl_serial("ppo", plugins=pm, seed=4, **pm_run)
+    assert a.summary.status == "finished" and a.summary.stop_reason == "total steps reached"
+    assert len(a.episode_returns) > 20
+    assert a.episode_returns == b.episode_returns
+    assert all(torch.equal(x, y) for x, y in zip(_params(a.model), _params(b.model), strict=True))
+    assert a.episode_returns != c.episode_returns
+    assert a.state.weights.version == b.state.weights.version > 0  # the learner did update
+    # both workers stepped, the budget is spent to the round: no more than one rollout over
+    steps = a.summary.per_worker_steps
+    assert min(steps) > 0 and 3000 <= sum(steps) <= 3000 + 2 * 8 * 32
+
+
+def test_inline_plugin_with_its_own_env_runs_serially(mprl_pm, mprl_serial):
+    # registered in code, not installed: spawned children could not find it, the serial
+    # backend hands the run's own plugin manager to its contexts
+    mprl_pm.register(mprl_testplugin)
+    # (probe's train process sleeps 50 ms a turn: a sleep in one process stalls them all)
+    result = mprl_serial("probe", env="Corridor-v0", workers=2, total_steps=60)
+    assert result.summary.status == "finished"
+    assert list(result.state.envs) == ["Corridor", "Corridor"]
+    assert result.state.seen.tolist() == [float(s) for s in result.summary.per_worker_steps]
+    records = result.records
+    trainer = [r for r in records if "trainer_saw_visits" in r]
+    total = sum(result.summary.per_worker_steps)
+    assert total >= 60 and min(result.summary.per_worker_steps) > 0
+    # the trainer saw the count of the last step of at most one worker per pending turn
+    assert trainer and total - 2 <= trainer[0]["trainer_seen"] <= total
+    # each "process" was seeded with its own seed, as in a spawned run
+    seeds = {r["rank"]: r["seed"] for r in records if "seed" in r}
+    assert seeds == {c.rank: c.seed for c in result.contexts if c.rank >= 0}
+    assert len(set(seeds.values())) == 2
+
+
+def test_a_raising_worker_fails_the_run_with_its_traceback(mprl_pm, mprl_serial):
+    mprl_pm.register(mprl_testplugin)
+    with pytest.raises(RunFailed, match="worker 1 exited with code 1") as info:
+        mprl_serial(
+            "probe", env="Corridor-v0", workers=2, total_steps=10**6,
+            config={"fault": "raise", "fault_rank": 1, "fault_at_step": 5},
+        )  # fmt: skip
+    summary = info.value.summary
+    assert summary.status == "failed" and summary.failures[0].rank == 1
+    assert "RuntimeError: injected failure in worker:1" in summary.failures[0].traceback
+    assert "in probe_worker" in summary.failures[0].traceback
+    assert threading.active_count() == 1  # every process thread has ended
+
+
+# a plugin that leans on Manager objects: a lock, a barrier, a queue and a condition
+
+
+@attrs.frozen
+class RoundsConfig:
+    rounds: int = 20
+    hidden: tuple[int, ...] = (8,)  # for mprl.nets.make_model
+
+
+def rounds_worker(ctx: mprl.Context) -> None:
+    for i in range(ctx.config.rounds):
+        if ctx.should_stop():
+            return
+        with ctx.state.lock:
+            ctx.state.order.append((i, ctx.rank))
+        ctx.state.barrier.wait()  # nobody starts round i + 1 before all finished round i
+        ctx.state.results.put(ctx.rank)
+        ctx.add_steps(1)
+    with ctx.state.done:
+        ctx.state.finished.value += 1
+        ctx.state.done.notify_all()
+    while not ctx.should_stop():  # the run ends when the train process has everything
+        pass
+
+
+def rounds_train(ctx: mprl.Context) -> None:
+    with ctx.state.done:
+        ctx.state.done.wait_for(lambda: ctx.state.finished.value == ctx.n_workers)
+    got = [ctx.state.results.get() for _ in range(ctx.n_workers * ctx.config.rounds)]
+    ctx.log(received=len(got))
+
+
+def deadlock_worker(ctx: mprl.Context) -> None:
+    ctx.state.barrier.wait()  # parties: workers + 1, and no train process ever comes
+
+
+@mprl.hookimpl
+def mprl_register_algorithms(register):
+    shared = {
+        "order": schema.List(),
+        "lock": schema.Lock(),
+        "results": schema.Queue(),
+        "done": schema.Condition(),
+        "finished": schema.Value("i", 0),
+    }
+    register(
+        mprl.Algorithm(
+            name="rounds", config_cls=RoundsConfig, make_model=make_model, worker=rounds_worker,
+            train=rounds_train, schema=schema.Schema(barrier=schema.Barrier("workers"), **shared),
+        )
+    )  # fmt: skip
+    register(
+        mprl.Algorithm(
+            name="deadlock", config_cls=RoundsConfig, make_model=make_model,
+            worker=deadlock_worker, schema=schema.Schema(barrier=schema.Barrier("all")),
+        )
+    )  # fmt: skip
+
+
+def test_manager_objects_wait_by_giving_the_others_their_turn(mprl_pm, mprl_serial):
+    mprl_pm.register(sys.modules[__name__])
+    result = mprl_serial("rounds", workers=3, total_steps=10**6)
+    assert result.summary.stop_reason == "trainer finished"
+    order = list(result.state.order)
+    assert [i for i, _ in order] == sorted(i for i, _ in order)  # the barrier held every round
+    assert sorted(order) == [(i, r) for i in range(20) for r in range(3)]
+    received = [r["received"] for r in result.records if "received" in r]
+    assert received == [60] and result.state.results.empty()
+
+
+def test_a_deadlock_is_reported_where_it_waits(mprl_pm, mprl_serial, monkeypatch):
+    monkeypatch.setattr(serial, "DEADLOCK_S", 0.5)
+    mprl_pm.register(sys.modules[__name__])
+    with pytest.raises(RunFailed, match="exited with code 1") as info:
+        mprl_serial("deadlock", workers=2, total_steps=10**6)
+    tb = info.value.summary.failures[0].traceback
+    assert "RuntimeError: deadlock: every process has waited on the shared state" in tb
+    assert "in deadlock_worker" in tb and "barrier.wait()" in tb
+    assert threading.active_count() == 1
+
+
+def test_in_process_manager_objects_work_across_real_threads():
+    state = schema.Schema(
+        lock=schema.Lock(), barrier=schema.Barrier(3), queue=schema.Queue(maxsize=1),
+        event=schema.Event(), count=schema.Value("i", 0), slots=schema.Array("d", size=3),
+        ns=schema.Namespace({"mode": "train"}),
+    ).build(serial.InProcessManager(), 3)  # fmt: skip
+
+    def body(rank: int) -> None:
+        state.barrier.wait()
+        for _ in range(200):
+            with state.lock:
+                value = state.count.value
+                state.count.value = value + 1
+        state.slots[rank] = rank + 0.5
+        state.queue.put(rank)  # maxsize 1: blocks until the main thread takes the last one
+        state.event.wait(timeout=10)
+
+    threads = [threading.Thread(target=body, args=(r,)) for r in range(3)]
+    for t in threads:
+        t.start()
+    taken = sorted(state.queue.get(timeout=10) for _ in range(3))
+    state.event.set()
+    for t in threads:
+        t.join(timeout=10)
+    assert taken == [0, 1, 2] and state.count.value == 600 and list(state.slots) == [0.5, 1.5, 2.5]
+    assert schema.Namespace({"mode": "x"}).snapshot(state.ns) == {"mode": "train"}
+
+
+def test_cli_serial_stops_at_breakpoint_with_a_prompt(installed, tmp_path):
+    # pdb reads this process's stdin: in a spawned child it would read /dev/null and quit
+    run_dir = tmp_path / "run"
+    proc = cli(
+        "run", "--plugin", "probe", "--serial", "--workers", "2", "--total-steps", "300",
+        "--env", "Corridor-v0", "--run-dir", str(run_dir), "--quiet",
+        "--set", "fault=breakpoint", "--set", "fault_rank=1", "--set", "fault_at_step=7",
+        stdin="p ctx.rank\nup\np steps\nc\n",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "(Pdb) 1\n" in proc.stdout and "(Pdb) 7\n" in proc.stdout  # rank 1, at step 7
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "finished" and summary["env_steps"] >= 300
+
+
+def test_cli_serial_contradicting_backend_is_a_usage_error(installed):
+    proc = cli("run", "--plugin", "probe", "--serial", "--backend", "local")
+    assert proc.returncode == 2
+    assert "--serial and --backend local contradict each other" in proc.stderr
