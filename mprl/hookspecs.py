@@ -134,7 +134,8 @@ def mprl_make_env(
 def mprl_make_backend(name: str) -> Backend | None:
     """Provide the backend that runs a job's processes, selected with ``--backend NAME``.
 
-    The built-in ``local`` backend spawns processes on this machine. Algorithms never see the
+    Built in: ``local`` spawns processes on this machine; ``serial`` (``run --serial``) runs them
+    as turn-taking threads of the main process, for debugging and tests. Algorithms never see the
     backend: their worker and train functions only use the :class:`mprl.Context` they are given,
     so the same algorithm plugin runs unchanged on any backend.
 

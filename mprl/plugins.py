@@ -158,8 +158,10 @@ class PluginManager(pluggy.PluginManager):
 
             try:
                 self.call_one("mprl_register_algorithms", impl.plugin, register=register)
-            except PluginError:
-                raise
+            except PluginError as exc:
+                if str(exc).startswith("plugin "):
+                    raise
+                raise PluginError(f"plugin {plugin_name!r}: {exc}") from None
             except Exception as exc:
                 raise PluginError(
                     f"plugin {plugin_name!r}: mprl_register_algorithms raised "

@@ -413,11 +413,17 @@ class Schema:
                     f"shared-state field {name!r}: not a valid name; use a Python identifier "
                     "that does not start with '_'"
                 )
-            if not isinstance(decl, Field):
+            if not isinstance(decl, KINDS):
                 kinds = ", ".join(k.__name__ for k in KINDS)
+                what = (
+                    f"{type(decl).__name__} is not a kind mprl knows how to build, share and "
+                    "checkpoint"
+                    if isinstance(decl, Field)
+                    else f"{decl!r} is not a field declaration"
+                )
                 raise SchemaError(
-                    f"shared-state field {name!r}: {decl!r} is not a field declaration; "
-                    f"use one of mprl.schema.{{{kinds}}}, e.g. {name}=PerWorker(0)"
+                    f"shared-state field {name!r}: {what}; use one of "
+                    f"mprl.schema.{{{kinds}}}, e.g. {name}=PerWorker(0)"
                 )
             try:
                 decl.check()

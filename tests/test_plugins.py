@@ -80,6 +80,25 @@ def test_registering_something_else_names_plugin_and_hook(pm):
         pm.algorithms()
 
 
+def test_a_bad_declaration_in_a_registration_hook_names_the_plugin(pm):
+    class Lambda:
+        @mprl.hookimpl
+        def mprl_register_algorithms(self, register):
+            register(
+                mprl.Algorithm(
+                    name="x", config_cls=TinyConfig, make_model=tiny_model, worker=lambda c: None
+                )
+            )
+
+    pm.register(Lambda(), name="lambda-plugin")
+    with pytest.raises(
+        PluginError,
+        match=r"^plugin 'lambda-plugin': algorithm 'x': worker '.*<lambda>' cannot be sent to "
+        r"spawned processes: define it with `def` at the top level",
+    ):
+        pm.algorithms()
+
+
 def test_a_hook_that_raises_is_reported_with_its_plugin(pm):
     class Raises:
         @mprl.hookimpl

@@ -5,6 +5,7 @@ from __future__ import annotations
 import multiprocessing as mp
 from multiprocessing.managers import BaseProxy, SyncManager
 
+import attrs
 import pytest
 import torch
 
@@ -114,6 +115,11 @@ def test_tensor_only_schema_needs_no_manager():
         s.Schema(lock=s.Lock()).build(None, 1)
 
 
+@attrs.frozen
+class Custom(s.Field):
+    """A declaration of a kind the core has no code for."""
+
+
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
@@ -124,6 +130,11 @@ def test_tensor_only_schema_needs_no_manager():
         (
             {"modes": s.PerWorker(object())},
             r"'modes' \(PerWorker\): initial value .* must be a scalar",
+        ),
+        (
+            {"custom": Custom()},
+            r"'custom': Custom is not a kind mprl knows how to build, share and checkpoint; "
+            r"use one of mprl.schema.\{PerWorker, List",
         ),
         ({"_private": s.Lock()}, r"'_private': not a valid name"),
         ({"class": s.Lock()}, r"'class': not a valid name"),
