@@ -120,20 +120,17 @@ class HookRecorder:
 
 @attrs.frozen
 class SerialResult:
-    """What a serial run leaves for a test to look at."""
+    """What a serial run leaves for a test to look at.
+
+    ``run_dir`` is ``None`` when the run went to a temporary directory (removed since)."""
 
     summary: Summary
-    run_dir: Path
+    run_dir: Path | None
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer | None
     state: SharedState
     contexts: tuple[Any, ...]
-
-    @property
-    def records(self) -> list[dict[str, Any]]:
-        """Every line of ``metrics.jsonl``."""
-        with open(self.run_dir / "metrics.jsonl") as f:
-            return [json.loads(line) for line in f]
+    records: list[dict[str, Any]]  # every line of metrics.jsonl
 
     @property
     def episode_returns(self) -> list[float]:
@@ -166,22 +163,25 @@ def run_serial(
     """Run ``algorithm`` in this process with the serial backend (see :mod:`mprl.serial`).
 
     :param plugins: the plugin manager to find it in (default: the installed plugins).
-    :param run_dir: where the run directory goes (default: a new temporary directory).
+    :param run_dir: where the run directory goes (default: a temporary directory, removed
+        before this returns; the records are in the result).
     :param options: any other :class:`mprl.RunConfig` field (``env=...``).
     :raises mprl.RunFailed: a worker or train function raised; its traceback is in the message.
     """
     pm = plugins or get_plugin_manager()
     backend = SerialBackend()
     capture = _Capture(backend)
-    if run_dir is None:
-        run_dir = Path(tempfile.mkdtemp(prefix="mprl-serial-")) / "run"
-    pm.register(capture)
-    try:
+    with contextlib.ExitStack() as stack:
+        where = Path(run_dir) if run_dir is not None else None
+        if where is None:
+            where = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="mprl-"))) / "run"
+        pm.register(capture)
+        stack.callback(pm.unregister, capture)
         summary = run(
             algorithm,
             plugins=pm,
             config=config,
-            run_dir=run_dir,
+            run_dir=where,
             total_steps=total_steps,
             workers=workers,
             seed=seed,
@@ -189,12 +189,18 @@ def run_serial(
             progress="none",
             **options,
         )
-    finally:
-        pm.unregister(capture)
+        with open(where / "metrics.jsonl") as f:
+            records = [json.loads(line) for line in f]
     job, state = backend.job, backend.state
     assert job is not None and state is not None
     return SerialResult(
-        summary, Path(summary.run_dir), job.model, job.optimizer, state, tuple(backend.contexts)
+        summary,
+        None if run_dir is None else Path(summary.run_dir),
+        job.model,
+        job.optimizer,
+        state,
+        tuple(backend.contexts),
+        records,
     )
 
 

@@ -7,6 +7,8 @@ baseline live in the plugin's shared-state schema.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+
 import attrs
 import gymnasium as gym
 import numpy as np
@@ -27,6 +29,11 @@ class Config:
         default=0.99, validator=v.and_(v.gt(0), v.le(1)), metadata={"help": "discount"}
     )
     hidden: int = attrs.field(default=32, validator=v.ge(1), metadata={"help": "hidden units"})
+    baseline_rate: float = attrs.field(
+        default=0.05,
+        validator=v.and_(v.gt(0), v.le(1)),
+        metadata={"help": "how fast the baseline follows the mean return"},
+    )
 
 
 SCHEMA = schema.Schema(
@@ -42,44 +49,58 @@ def make_model(obs_space: gym.Space, act_space: gym.Space, config: Config) -> nn
     )
 
 
-def make_optimizer(params, config: Config) -> torch.optim.Optimizer:
+def make_optimizer(params: Iterable[nn.Parameter], config: Config) -> torch.optim.Optimizer:
     return torch.optim.Adam(params, lr=config.lr)
+
+
+def discounted_returns(rewards: list[float], gamma: float) -> torch.Tensor:
+    """The return from each step on: ``G[t] = rewards[t] + gamma * G[t + 1]``."""
+    returns, running = [], 0.0
+    for reward in reversed(rewards):
+        running = reward + gamma * running
+        returns.append(running)
+    return torch.tensor(returns[::-1])
+
+
+def play_episode(model: nn.Module, env: gym.Env) -> tuple[torch.Tensor, list[float]]:
+    """One whole episode with the policy ``model``: its actions' log-probabilities, its rewards."""
+    obs, _ = env.reset()
+    log_probs, rewards, done = [], [], False
+    while not done:
+        logits = model(torch.as_tensor(obs, dtype=torch.float32))
+        dist = torch.distributions.Categorical(logits=logits)
+        action = dist.sample()
+        log_probs.append(dist.log_prob(action))
+        obs, reward, terminated, truncated, _ = env.step(action.item())
+        rewards.append(float(reward))
+        done = terminated or truncated
+    return torch.stack(log_probs), rewards
 
 
 def worker(ctx: mprl.Context) -> None:
     env = ctx.make_env()
     cfg: Config = ctx.config
+    optimizer = ctx.optimizer  # its first use is start-up work: get it before the first episode
+    assert optimizer is not None
+    baseline = ctx.state.baseline
     while not ctx.should_stop():
-        obs, _ = env.reset()
-        log_probs, rewards, done = [], [], False
-        while not done:
-            logits = ctx.model(torch.as_tensor(obs, dtype=torch.float32))
-            dist = torch.distributions.Categorical(logits=logits)
-            action = dist.sample()
-            log_probs.append(dist.log_prob(action))
-            obs, reward, terminated, truncated, _ = env.step(action.item())
-            rewards.append(float(reward))
-            done = terminated or truncated
-        ctx.add_steps(len(rewards))
-        ctx.log_episode(sum(rewards), len(rewards))
-        ctx.state.episodes[ctx.rank] += 1
-
-        returns, running = [], 0.0
-        for r in reversed(rewards):
-            running = r + cfg.gamma * running
-            returns.append(running)
-        returns_t = torch.tensor(returns[::-1])
-        baseline = ctx.state.baseline
-        advantage = returns_t - baseline
-        baseline += 0.05 * (returns_t.mean() - baseline)  # shared running mean, Hogwild
-        loss = -(torch.stack(log_probs) * advantage).mean()
-        ctx.optimizer.zero_grad()
+        log_probs, rewards = play_episode(ctx.model, env)
+        returns = discounted_returns(rewards, cfg.gamma)
+        advantage = returns - baseline
+        baseline += cfg.baseline_rate * (returns.mean() - baseline)  # shared, Hogwild
+        loss = -(log_probs * advantage).mean()
+        optimizer.zero_grad()
         loss.backward()
-        ctx.optimizer.step()
+        optimizer.step()
+        # Only now report: with --serial, each ctx call below may let another worker step the
+        # shared model, which would invalidate a graph that backward() has not used yet.
+        ctx.add_steps(len(rewards))
+        ctx.log_episode(sum(rewards), len(rewards), loss=loss.item())
+        ctx.state.episodes[ctx.rank] += 1
 
 
 @mprl.hookimpl
-def mprl_register_algorithms(register):
+def mprl_register_algorithms(register: Callable[[mprl.Algorithm], None]) -> None:
     register(
         mprl.Algorithm(
             name="reinforce",
