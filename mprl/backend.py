@@ -14,9 +14,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 import attrs
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import torch
 
     from mprl.algorithm import Algorithm
+    from mprl.context import Channel, Context
     from mprl.runner import RunConfig
     from mprl.schema import SharedState
 
@@ -44,6 +47,51 @@ class Job:
     #: the run's plugin manager; a backend running the processes in this process (``serial``)
     #: gives it to their contexts, spawned processes build their own
     plugins: Any = None
+
+    def build_state(self, manager: Any) -> tuple[SharedState, list[str]]:
+        """The run's shared state: the schema built with ``manager``, ``make_shared``'s objects,
+        and the checkpoint's data on resume. Also returns the fields that could not be restored
+        (sized by a worker count that changed), for the backend to report."""
+        state = self.algorithm.schema.build(manager, self.run.workers)
+        for name, value in self.extra_state.items():
+            setattr(state, name, value)
+        skipped = []
+        if self.state_snapshot:
+            skipped = self.algorithm.schema.restore(state, self.state_snapshot)
+        return state, skipped
+
+    def context(
+        self, role: str, rank: int, state: SharedState, channel: Channel, restarts: int = 0
+    ) -> Context:
+        """The :class:`mprl.Context` of ``role`` / ``rank`` (-1 for the train process)."""
+        from mprl.context import Context, derive_seed
+
+        return Context(
+            role=role,
+            rank=rank,
+            n_workers=self.run.workers,
+            seed=derive_seed(self.run.seed, rank + 1, self.session, restarts),
+            config=self.config,
+            run=self.run,
+            state=state,
+            model=self.model,
+            optimizer=self.optimizer,
+            channel=channel,
+            blocked_plugins=self.blocked_plugins,
+            restarts=restarts,
+        )
+
+    def function(self, role: str) -> Callable[[Context], None]:
+        """The algorithm's function for ``role``: ``worker`` or ``train``."""
+        fn = self.algorithm.worker if role == "worker" else self.algorithm.train
+        assert fn is not None, role
+        return fn
+
+    def skipped_message(self, skipped: list[str]) -> str:
+        return (
+            "shared-state fields not restored from the checkpoint (they do not fit this run's "
+            f"{self.run.workers} workers): {', '.join(skipped)}"
+        )
 
 
 @attrs.frozen

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from mprl.backend import ChildFailure, Job, Monitor, Outcome
-from mprl.context import Context, derive_seed
+from mprl.context import Context
 
 #: Seconds children get to return after the stop flag is set, before SIGTERM, then SIGKILL.
 STOP_GRACE_S = 5.0
@@ -294,17 +294,9 @@ class _LocalRun:
                     server = SyncManager(ctx=self.ctx)
                     server.start(initializer=_init_manager, initargs=("mprl-manager",))
                     manager = server
-                self.state = job.algorithm.schema.build(manager, n)
-            for name, value in job.extra_state.items():
-                setattr(self.state, name, value)
-            if job.state_snapshot:
-                skipped = job.algorithm.schema.restore(self.state, job.state_snapshot)
-                if skipped:
-                    self._event(
-                        "state-not-restored",
-                        f"shared-state fields not restored from the checkpoint (they do not fit "
-                        f"this run's {n} workers): {', '.join(skipped)}",
-                    )
+                self.state, skipped = job.build_state(manager)
+            if skipped:
+                self._event("state-not-restored", job.skipped_message(skipped))
             monitor.on_start(self.state)
             for child in self.children:
                 self._start(child)
@@ -340,20 +332,7 @@ class _LocalRun:
     def _start(self, child: _Child) -> None:
         """Start (or restart) the process of ``child``'s rank."""
         job = self.job
-        context = Context(
-            role=child.role,
-            rank=child.rank,
-            n_workers=job.run.workers,
-            seed=derive_seed(job.run.seed, child.rank + 1, job.session, child.restarts),
-            config=job.config,
-            run=job.run,
-            state=self.state,
-            model=job.model,
-            optimizer=job.optimizer,
-            channel=self.channel,
-            blocked_plugins=job.blocked_plugins,
-            restarts=child.restarts,
-        )
+        context = job.context(child.role, child.rank, self.state, self.channel, child.restarts)
         if not child.stack_file:
             child.stack_file = str(self.logs / f"{child.source.replace(':', '-')}.stack")
         name = f"mprl-{child.role}" + (f"-{child.rank}" if child.rank >= 0 else "")
@@ -362,7 +341,7 @@ class _LocalRun:
         self.channel.beats[child.slot] = 0.0  # "starting": the child's first beat sets it
         child.process = self.ctx.Process(
             target=_child_main,
-            args=(_target(job, child.role), context, self.threads, child.stack_file),
+            args=(job.function(child.role), context, self.threads, child.stack_file),
             name=name,
             daemon=True,
         )
@@ -541,9 +520,3 @@ class _LocalRun:
                     batch.append(item)
         if batch:
             self.monitor.on_records(batch)
-
-
-def _target(job: Job, role: str) -> Callable[[Context], None]:
-    fn = job.algorithm.worker if role == "worker" else job.algorithm.train
-    assert fn is not None
-    return fn

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from mprl.backend import ChildFailure, Job, Monitor, Outcome
-from mprl.context import Context, derive_seed
+from mprl.context import Context
 from mprl.schema import SharedState
 
 TICK_S = 0.25  # the monitor is asked to stop at least this often, and after every new record
@@ -354,9 +354,7 @@ class _SerialRun:
         self.job, self.monitor = job, monitor
         n = job.run.workers
         self.channel = _SerialChannel(self, job.initial_steps, n + 2)
-        self.state = job.algorithm.schema.build(InProcessManager(self.pause), n)
-        for name, value in job.extra_state.items():
-            setattr(self.state, name, value)
+        self.state, self._skipped = job.build_state(InProcessManager(self.pause))
         self.failures: list[ChildFailure] = []
         self.reason: str | None = None
         self.done = threading.Event()
@@ -370,23 +368,9 @@ class _SerialRun:
 
     def _proc(self, index: int, role: str, rank: int) -> _Proc:
         job = self.job
-        ctx = Context(
-            role=role,
-            rank=rank,
-            n_workers=job.run.workers,
-            seed=derive_seed(job.run.seed, rank + 1, job.session, 0),
-            config=job.config,
-            run=job.run,
-            state=self.state,
-            model=job.model,
-            optimizer=job.optimizer,
-            channel=self.channel,
-            blocked_plugins=job.blocked_plugins,
-        )
+        ctx = job.context(role, rank, self.state, self.channel)
         ctx._plugins = job.plugins  # the run's own plugin manager: no reload, inline plugins work
-        fn = job.algorithm.worker if role == "worker" else job.algorithm.train
-        assert fn is not None
-        proc = _Proc(index, fn, ctx)
+        proc = _Proc(index, job.function(role), ctx)
         proc.run = self
         return proc
 
@@ -400,16 +384,9 @@ class _SerialRun:
 
     def execute(self) -> Outcome:
         job = self.job
-        if job.state_snapshot:
-            skipped = job.algorithm.schema.restore(self.state, job.state_snapshot)
-            if skipped:
-                self.monitor.on_event(
-                    {
-                        "event": "state-not-restored",
-                        "message": "shared-state fields not restored from the checkpoint (they "
-                        f"do not fit this run's {job.run.workers} workers): {', '.join(skipped)}",
-                    }
-                )
+        if self._skipped:
+            message = job.skipped_message(self._skipped)
+            self.monitor.on_event({"event": "state-not-restored", "message": message})
         self.monitor.on_start(self.state)
         for proc in self.procs:
             proc.thread.start()

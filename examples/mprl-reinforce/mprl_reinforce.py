@@ -24,6 +24,8 @@ __version__ = "0.1.0"
 
 @attrs.frozen
 class Config:
+    """The algorithm's settings; users change them with ``--set lr=0.005`` or a TOML file."""
+
     lr: float = attrs.field(default=1e-2, validator=v.gt(0), metadata={"help": "Adam step size"})
     gamma: float = attrs.field(
         default=0.99, validator=v.and_(v.gt(0), v.le(1)), metadata={"help": "discount"}
@@ -43,6 +45,7 @@ SCHEMA = schema.Schema(
 
 
 def make_model(obs_space: gym.Space, act_space: gym.Space, config: Config) -> nn.Module:
+    """The policy: observation in, one logit per action out."""
     n_obs = int(np.prod(obs_space.shape))
     return nn.Sequential(
         nn.Linear(n_obs, config.hidden), nn.Tanh(), nn.Linear(config.hidden, act_space.n)
@@ -50,6 +53,7 @@ def make_model(obs_space: gym.Space, act_space: gym.Space, config: Config) -> nn
 
 
 def make_optimizer(params: Iterable[nn.Parameter], config: Config) -> torch.optim.Optimizer:
+    """One optimizer for all workers: its state lives in shared memory too."""
     return torch.optim.Adam(params, lr=config.lr)
 
 
@@ -78,6 +82,7 @@ def play_episode(model: nn.Module, env: gym.Env) -> tuple[torch.Tensor, list[flo
 
 
 def worker(ctx: mprl.Context) -> None:
+    """Run in each worker process: play an episode, take a gradient step, report; repeat."""
     env = ctx.make_env()
     cfg: Config = ctx.config
     optimizer = ctx.optimizer  # its first use is start-up work: get it before the first episode
@@ -101,6 +106,7 @@ def worker(ctx: mprl.Context) -> None:
 
 @mprl.hookimpl
 def mprl_register_algorithms(register: Callable[[mprl.Algorithm], None]) -> None:
+    """Tell mprl about the algorithm; the `mprl` entry point names this module."""
     register(
         mprl.Algorithm(
             name="reinforce",
