@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import REPO, cli
+
+EXAMPLE = REPO / "examples" / "mprl-reinforce"
+EXAMPLE_TESTS = 14  # tests in examples/mprl-reinforce/tests, parametrized cases counted
 
 
 @pytest.fixture(scope="module")
@@ -18,7 +23,7 @@ def reinforce_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     target = tmp_path_factory.mktemp("reinforce-site")
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-         "--target", str(target), str(REPO / "examples" / "mprl-reinforce")],
+         "--target", str(target), str(EXAMPLE)],
         check=True, capture_output=True, timeout=300,
     )  # fmt: skip
     return target
@@ -38,3 +43,31 @@ def test_example_plugin_installs_and_runs_in_spawned_workers(reinforce_site, tmp
     assert summary["env_steps"] >= 3000 and summary["episodes"] > 10
     unsupported = cli("run", "--plugin", "reinforce", "--env", "Pendulum-v1", env=env)
     assert unsupported.returncode == 2 and "supports: Discrete" in unsupported.stderr
+
+
+def test_the_example_passes_its_own_tests(
+    reinforce_site: Path, record_property: pytest.RecordProperty
+) -> None:
+    # as its author runs them: `python -m pytest` in the example's directory, the plugin
+    # installed; no options of this suite (PYTEST_ADDOPTS) reach that run
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_ADDOPTS", "PYTEST_PLUGINS")}
+    env["PYTHONPATH"] = os.pathsep.join([str(reinforce_site), os.environ.get("PYTHONPATH", "")])
+    start = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider"],
+        cwd=EXAMPLE, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    wall = time.monotonic() - start
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    # the example's pyproject.toml makes it the rootdir: this repository's pytest settings
+    # (addopts, the timeout) and tests/conftest.py play no part
+    assert f"rootdir: {EXAMPLE}\nconfigfile: pyproject.toml\ntestpaths: tests\n" in out, out
+    assert "timeout:" not in out, out
+    summary = re.search(r"^=+ (\d+) passed in ([\d.]+)s", out, flags=re.MULTILINE)
+    assert summary and int(summary.group(1)) == EXAMPLE_TESTS, out
+    record_property("example_tests_wall_s", round(wall, 2))
+    print(
+        f"examples/mprl-reinforce: {summary.group(1)} tests passed in {summary.group(2)} s "
+        f"(pytest's count), {wall:.1f} s wall with interpreter start-up"
+    )
