@@ -5,7 +5,9 @@ as a thread of the current process, but only one at a time: each runs until its 
 ``ctx.should_stop()``, ``ctx.add_steps()``, ``ctx.log()`` or ``ctx.heartbeat()``, then hands
 the turn to the next one, in a fixed order (train process, then workers by rank). Nothing is
 spawned and no Manager server starts; each process keeps its own ``random`` / numpy / torch
-random state across turns, seeded as in a spawned run. The interleaving depends only on those
+random state across turns, seeded as in a spawned run, and its own model and optimizer objects
+over the shared memory, as a spawned process has after unpickling them (Hogwild updates by one
+do not break another's ``backward()``). The interleaving depends only on those
 calls, so a run is repeatable for a seed, and ``breakpoint()`` in a worker or train function
 stops there with a usable prompt.
 
@@ -20,6 +22,7 @@ dicts, and locks / events / barriers / queues whose waits give the other process
 from __future__ import annotations
 
 import array
+import copy
 import queue
 import random
 import threading
@@ -295,6 +298,34 @@ class _Proc:
         run.finished(self)
 
 
+def _alias(t: torch.Tensor) -> torch.Tensor:
+    """A new tensor object over ``t``'s memory: writes show in both, autograd versions do not."""
+    alias = torch.empty(0, dtype=t.dtype).set_(
+        t.untyped_storage(), t.storage_offset(), t.size(), t.stride()
+    )
+    if isinstance(t, torch.nn.Parameter):
+        return torch.nn.Parameter(alias, requires_grad=t.requires_grad)
+    return alias
+
+
+def _own_objects(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer | None
+) -> tuple[torch.nn.Module, torch.optim.Optimizer | None]:
+    """What unpickling gives a spawned process: its own model and optimizer whose tensors are
+    new tensor objects over the shared memory.
+
+    So, as across processes, one process's ``optimizer.step()`` changes the values another one
+    computes with but not the autograd version of its tensors (its ``backward()`` does not fail
+    with "modified by an inplace operation"), and each process has its own ``.grad``.
+    """
+    tensors = [*model.parameters(), *model.buffers()]
+    if optimizer is not None:
+        for state in optimizer.state.values():
+            tensors += [v for v in state.values() if isinstance(v, torch.Tensor)]
+    memo: dict[int, Any] = {id(t): _alias(t) for t in tensors}
+    return copy.deepcopy((model, optimizer), memo)
+
+
 class _SerialChannel:
     """The :class:`mprl.context.Channel` of serial runs: counters in this process, and every
     call is where the calling process hands the turn on."""
@@ -370,6 +401,7 @@ class _SerialRun:
         job = self.job
         ctx = job.context(role, rank, self.state, self.channel)
         ctx._plugins = job.plugins  # the run's own plugin manager: no reload, inline plugins work
+        ctx.model, ctx._optimizer = _own_objects(job.model, job.optimizer)
         proc = _Proc(index, job.function(role), ctx)
         proc.run = self
         return proc

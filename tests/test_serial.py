@@ -13,7 +13,7 @@ import torch
 import mprl
 from mprl import schema, serial
 from mprl.errors import RunFailed
-from mprl.nets import make_model
+from mprl.nets import make_model, make_optimizer
 from mprl.plugins import get_plugin_manager
 from tests.conftest import cli
 from tests.plugins import mprl_testplugin
@@ -82,7 +82,8 @@ def test_a_raising_worker_fails_the_run_with_its_traceback(mprl_pm, mprl_serial)
 @attrs.frozen
 class RoundsConfig:
     rounds: int = 20
-    hidden: tuple[int, ...] = (8,)  # for mprl.nets.make_model
+    hidden: tuple[int, ...] = (8,)  # for mprl.nets.make_model and make_optimizer
+    lr: float = 1e-3
 
 
 def rounds_worker(ctx: mprl.Context) -> None:
@@ -108,6 +109,19 @@ def rounds_train(ctx: mprl.Context) -> None:
     ctx.log(received=len(got))
 
 
+def hogwild_worker(ctx: mprl.Context) -> None:
+    """Forward, hand the turn on, then backward and step: the others step the shared model
+    in between (as other processes would)."""
+    optimizer = ctx.optimizer
+    while not ctx.should_stop():
+        pi, v = ctx.model(torch.ones(1, 4))
+        loss = pi.pow(2).sum() + v.pow(2).sum()
+        ctx.add_steps(1)  # the other workers take their turn here
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+
 def deadlock_worker(ctx: mprl.Context) -> None:
     ctx.state.barrier.wait()  # parties: workers + 1, and no train process ever comes
 
@@ -129,6 +143,12 @@ def mprl_register_algorithms(register):
     )  # fmt: skip
     register(
         mprl.Algorithm(
+            name="hogwild", config_cls=RoundsConfig, make_model=make_model,
+            make_optimizer=make_optimizer, worker=hogwild_worker,
+        )
+    )  # fmt: skip
+    register(
+        mprl.Algorithm(
             name="deadlock", config_cls=RoundsConfig, make_model=make_model,
             worker=deadlock_worker, schema=schema.Schema(barrier=schema.Barrier("all")),
         )
@@ -144,6 +164,22 @@ def test_manager_objects_wait_by_giving_the_others_their_turn(mprl_pm, mprl_seri
     assert sorted(order) == [(i, r) for i in range(20) for r in range(3)]
     received = [r["received"] for r in result.records if "received" in r]
     assert received == [60] and result.state.results.empty()
+
+
+def test_hogwild_workers_have_their_own_tensors_over_the_shared_memory(mprl_pm, mprl_serial):
+    mprl_pm.register(sys.modules[__name__])
+    result = mprl_serial("hogwild", workers=3, total_steps=300)
+    assert result.summary.status == "finished"  # no "modified by an inplace operation"
+    models = [c.model for c in result.contexts]
+    # one memory: every worker's parameters are the run's model's, not copies of them
+    for model in models:
+        for mine, shared in zip(model.parameters(), result.model.parameters(), strict=True):
+            assert mine is not shared and mine.data_ptr() == shared.data_ptr()
+            assert mine.grad is not None and shared.grad is None  # gradients stay per process
+    # every worker's step went to the one shared Adam state
+    assert result.optimizer is not None
+    steps = result.optimizer.state[next(result.model.parameters())]["step"]
+    assert int(steps) == result.summary.env_steps
 
 
 def test_a_deadlock_is_reported_where_it_waits(mprl_pm, mprl_serial, monkeypatch):
