@@ -53,6 +53,8 @@ def test_kill_9_while_writing_keeps_the_previous_checkpoint(tmp_path):
         time.sleep(0.005 * attempt)
         proc.send_signal(signal.SIGKILL)
         proc.wait()
+        later = proc.stdout.read().split()  # writes it finished while we slept
+        last = int(later[-1]) if later else last
         proc.stdout.close()
         caught_mid_write += any(run_dir.glob("checkpoints/.last.pt.*.tmp"))
         ckpt = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
