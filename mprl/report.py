@@ -89,7 +89,9 @@ def read_run(path: str | Path, label: str | None = None) -> Run:
     ``metrics.jsonl``.
 
     Lines of ``metrics.jsonl`` that do not decode (the half-written last line of a run that was
-    killed) are skipped. ``label`` defaults to the directory's name.
+    killed) are skipped. Episodes are in the order they finished (their ``wall`` stamps), not the
+    order the processes' batched records reached the file. ``label`` defaults to the directory's
+    name.
 
     :raises UsageError: ``path`` is not a run directory (neither ``metrics.jsonl`` nor
         ``summary.json``), or one of its JSON files is unreadable.
@@ -128,6 +130,7 @@ def read_run(path: str | Path, label: str | None = None) -> Run:
         ret = record.get("episode_return")
         if isinstance(ret, int | float) and not isinstance(ret, bool) and math.isfinite(ret):
             run.episodes.append((int(step), float(wall), float(ret)))
+    run.episodes.sort(key=lambda episode: episode[1])  # stable: ties keep the file's order
     return run
 
 

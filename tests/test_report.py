@@ -59,6 +59,22 @@ def test_read_run_reads_config_summary_and_episodes(runs):
     assert all(r > 0 for _, _, r in run.episodes)  # CartPole: +1 per step
 
 
+def test_episodes_are_in_the_order_they_finished_not_the_order_they_were_written(tmp_path):
+    # Children send their records in batches, so worker 1's earlier episodes can reach the
+    # file after worker 0's later ones; a curve drawn in file order zigzags back in time.
+    lines = [
+        {"source": "worker:0", "step": 300, "wall": 3.0, "episode_return": 30.0},
+        {"source": "worker:0", "step": 400, "wall": 4.0, "episode_return": 40.0},
+        {"source": "worker:1", "step": 100, "wall": 1.0, "episode_return": 10.0},
+        {"source": "worker:1", "step": 350, "wall": 3.5, "episode_return": 35.0},
+        {"source": "worker:1", "step": 400, "wall": 4.0, "episode_return": 41.0},
+    ]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    run = read_run(tmp_path)
+    assert [r for _, _, r in run.episodes] == [10.0, 30.0, 35.0, 40.0, 41.0]
+    assert [w for _, w, _ in run.episodes] == sorted(w for _, w, _ in run.episodes)
+
+
 def test_plot_writes_a_png_of_both_runs(runs, tmp_path):
     out = tmp_path / "curves.png"
     result = cli("plot", str(runs / "a3c-short"), str(runs / "ppo-short"), "-o", str(out))
