@@ -73,10 +73,12 @@ class Context:
     @property
     def optimizer(self) -> torch.optim.Optimizer | None:
         """The shared optimizer, when the algorithm declares ``make_optimizer``."""
-        if self._optimizer is not None and not self._optimizer_ready:
+        opt = self._optimizer
+        if opt is not None and not self._optimizer_ready and getattr(opt, "needs_dynamo", True):
             # torch.optim imports torch._dynamo on an optimizer's first use: 1.3 s of CPU here,
             # several seconds on a busy machine. It is start-up, not a hang: do it now, under the
             # start-up grace, so a short --worker-timeout does not kill a healthy process
+            # (mprl.nets.Adam skips that import altogether: needs_dynamo = False)
             self.channel.beat(self._slot, starting=True)
             importlib.import_module("torch._dynamo")
             self.channel.beat(self._slot)

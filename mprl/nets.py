@@ -3,6 +3,7 @@ for algorithm plugins to build on (the built-in a3c and impala use them)."""
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Iterable
 from typing import Any
@@ -128,16 +129,46 @@ def make_model(obs_space: gym.Space, act_space: gym.Space, config: ActorCriticCo
     return ActorCritic(obs_space, act_space, config.hidden)
 
 
+_ADAM_STEP = inspect.unwrap(torch.optim.Adam.step)
+_ZERO_GRAD = inspect.unwrap(torch.optim.Optimizer.zero_grad)
+_STATE_DICT = inspect.unwrap(torch.optim.Optimizer.state_dict)
+
+
+class Adam(torch.optim.Adam):
+    """``torch.optim.Adam`` without torch.optim's ``torch.compile`` wrappers around ``step``,
+    ``zero_grad`` and ``state_dict``.
+
+    Those wrappers import ``torch._dynamo`` the first time they run: a second of CPU in every
+    process that touches the optimizer (each a3c worker, every learner), paid at its start-up
+    and on two cores straight off the time to solve. The update is Adam's own code, unchanged
+    (``inspect.unwrap`` reaches it; with a torch that does not wrap, nothing changes). Do not
+    ``torch.compile`` a step of this optimizer; use ``torch.optim.Adam`` for that.
+    """
+
+    #: :attr:`mprl.Context.optimizer` does not import ``torch._dynamo`` ahead for it
+    needs_dynamo = False
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        return _ADAM_STEP(self, closure)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        _ZERO_GRAD(self, set_to_none)
+
+    def state_dict(self) -> dict[str, Any]:
+        return _STATE_DICT(self)
+
+
 def make_optimizer(
     params: Iterable[nn.Parameter], config: ActorCriticConfig
 ) -> torch.optim.Optimizer:
-    """Adam with ``config.lr`` (an ``Algorithm.make_optimizer``); the fused kernel, a third
-    faster per step than the default on CPU, where this torch has it."""
+    """:class:`Adam` with ``config.lr`` (an ``Algorithm.make_optimizer``); the fused kernel, a
+    third faster per step than the default on CPU, where this torch has it."""
     params = list(params)
     try:
-        return torch.optim.Adam(params, lr=config.lr, eps=1e-5, fused=True)
+        return Adam(params, lr=config.lr, eps=1e-5, fused=True)
     except RuntimeError:  # torch < 2.4: no fused Adam on CPU
-        return torch.optim.Adam(params, lr=config.lr, eps=1e-5)
+        return Adam(params, lr=config.lr, eps=1e-5)
 
 
 def rollout_spec(
