@@ -274,6 +274,7 @@ class _RunMonitor:
         self._wall0 = time.time() - self.stats.wall_s
         self._last_main_record = time.monotonic()
         self._last_checkpoint = time.monotonic()
+        self._solved_logged = False
         self.state: SharedState | None = None
 
     def on_start(self, state: SharedState) -> None:
@@ -315,11 +316,24 @@ class _RunMonitor:
         if self.signals.received is not None:
             return signal.Signals(self.signals.received).name
         if self.stats.solved():
+            if not self._solved_logged:  # when, and at which mean: the summary's mean is the
+                self._solved_logged = True  # last 100 episodes when the run ended
+                self._emit([self._solved_record()])
             return "solved"
         total = self.info.run.total_steps
         if total is not None and env_steps >= total:
             return "total steps reached"
         return None
+
+    def _solved_record(self) -> dict[str, Any]:
+        return {
+            "source": "main",
+            "event": "solved",
+            "step": self.stats.env_steps,
+            "wall": round(time.time() - self._wall0, 4),
+            "mean_return_100": round(self.stats.mean_return_100, 2),
+            "episodes": self.stats.episodes,
+        }
 
     def on_stop(self, per_slot_steps: Sequence[int]) -> None:
         self.stats.set_steps(per_slot_steps)

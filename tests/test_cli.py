@@ -160,8 +160,12 @@ def test_built_in_defaults_solve_cartpole(tmp_path, plugin):
     proc = cli("run", "--plugin", plugin, "--run-dir", str(run_dir), "--quiet", timeout=280)
     assert proc.returncode == 0, proc.stderr
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["solved"] and summary["mean_return_100"] >= 475
-    assert summary["stop_reason"] == "solved"
+    assert summary["solved"] and summary["stop_reason"] == "solved"
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    (solved,) = [r for r in records if r.get("event") == "solved"]
+    assert solved["mean_return_100"] >= 475
+    episodes = [r for r in records if "episode_return" in r][: solved["episodes"]]
+    assert sum(r["episode_return"] for r in episodes[-100:]) / 100 >= 475  # from the file too
 
 
 def test_children_exit_by_themselves_when_the_main_process_is_killed(installed, tmp_path):
