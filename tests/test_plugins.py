@@ -180,7 +180,7 @@ def test_blocked_plugin_is_not_loaded(installed, monkeypatch):
     assert "probe" not in pm.algorithms()
     monkeypatch.setenv("MPRL_BLOCK_PLUGINS", "testplugin,a3c,impala,ppo")
     pm = get_plugin_manager()
-    assert set(pm.algorithms()) == set()
+    assert not {"probe", "a3c", "impala", "ppo"} & set(pm.algorithms())  # others may be installed
     assert set(pm.blocked_names()) == {"testplugin", "a3c", "impala", "ppo"}
 
 
