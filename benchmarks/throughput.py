@@ -12,17 +12,21 @@ counters in the episode records after a warm-up. The ratio reported is
     framework_steps_per_s / (min(W, cores) * ceiling_steps_per_s(E))
 
 so 1.0 means the framework collects as fast as min(W, cores) bare processes could, with the
-learner, transport and weight broadcast running alongside. The learning rate is set tiny so the
-policy stays close to random in both (episode lengths, hence reset costs, match) and the run
-never stops by solving. Also reported: learner updates/s and mean policy staleness (learner
-version minus the version a rollout was collected with). Writes JSON, and a PNG when matplotlib
-is installed.
+learner, transport and weight broadcast running alongside. That denominator assumes the cores
+scale linearly, so the same run measures the machine's own bound too: ``cores`` bare processes
+stepping side by side, as a ratio of ``cores * ceiling`` (no framework, no learner, no main
+process; on a machine whose cores slow each other down it is below 1). The learning rate is
+set tiny so the policy stays close to random in both (episode lengths, hence reset costs,
+match) and the run never stops by solving. Also reported: learner updates/s and mean policy
+staleness (learner version minus the version a rollout was collected with). Writes JSON, and a
+PNG when matplotlib is installed.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import shutil
 import signal
@@ -30,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import gymnasium as gym
@@ -69,6 +74,21 @@ def ceiling(n_envs: int, seconds: float, seed: int = 0) -> float:
     for env in envs:
         env.close()
     return rate
+
+
+def _ceiling_from(start_at: float, n_envs: int, seconds: float) -> float:
+    time.sleep(max(0.0, start_at - time.time()))  # every process measures the same window
+    return ceiling(n_envs, seconds)
+
+
+def side_by_side(n_procs: int, n_envs: int, seconds: float) -> float:
+    """Summed steps/s of ``n_procs`` bare processes measuring :func:`ceiling` at once."""
+    spawn = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(n_procs, mp_context=spawn) as pool:
+        start_at = time.time() + 5.0  # after every process has started and imported torch
+        rates = pool.map(_ceiling_from, [start_at] * n_procs, [n_envs] * n_procs,
+                         [seconds] * n_procs)  # fmt: skip
+        return float(sum(rates))
 
 
 def framework(
@@ -144,6 +164,7 @@ def main() -> None:
     args = parser.parse_args()
     cores = os.cpu_count() or 1
     ceilings = {n: ceiling(n, args.window_s) for n in args.envs}
+    bare = {n: side_by_side(cores, n, args.window_s) / (cores * ceilings[n]) for n in args.envs}
     rows = []
     for n_envs in args.envs:
         for workers in args.workers:
@@ -169,8 +190,16 @@ def main() -> None:
             f"{r['framework_steps_per_s']:,.0f} | {r['ratio']:.2f} | "
             f"{r['learner_updates_per_s']:.1f} | {r['staleness']:.2f} |"
         )
+    print(f"\nthe machine's own bound: {cores} bare processes side by side")
+    for n_envs, ratio in bare.items():
+        print(f"- E={n_envs}: {ratio:.2f} of {cores} x ceiling")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps({"cores": cores, "rows": rows}, indent=2))
+    result = {
+        "cores": cores,
+        "rows": rows,
+        "bare_side_by_side_ratio": {str(n): round(r, 3) for n, r in bare.items()},
+    }
+    args.out.with_suffix(".json").write_text(json.dumps(result, indent=2))
     plot(rows, args.out.with_suffix(".png"))
 
 
