@@ -274,7 +274,7 @@ class _RunMonitor:
         self._wall0 = time.time() - self.stats.wall_s
         self._last_main_record = time.monotonic()
         self._last_checkpoint = time.monotonic()
-        self._solved_logged = False
+        self._solved_logged = self.stats.solved()  # a resumed run solved before: logged then
         self.state: SharedState | None = None
 
     def on_start(self, state: SharedState) -> None:
