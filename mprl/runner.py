@@ -318,22 +318,12 @@ class _RunMonitor:
         if self.stats.solved():
             if not self._solved_logged:  # when, and at which mean: the summary's mean is the
                 self._solved_logged = True  # last 100 episodes when the run ended
-                self._emit([self._solved_record()])
+                self._emit([{**self._main_record(), "event": "solved"}])
             return "solved"
         total = self.info.run.total_steps
         if total is not None and env_steps >= total:
             return "total steps reached"
         return None
-
-    def _solved_record(self) -> dict[str, Any]:
-        return {
-            "source": "main",
-            "event": "solved",
-            "step": self.stats.env_steps,
-            "wall": round(time.time() - self._wall0, 4),
-            "mean_return_100": round(self.stats.mean_return_100, 2),
-            "episodes": self.stats.episodes,
-        }
 
     def on_stop(self, per_slot_steps: Sequence[int]) -> None:
         self.stats.set_steps(per_slot_steps)
