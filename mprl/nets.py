@@ -203,8 +203,8 @@ class EnvBatch:
         self.obs = torch.as_tensor(
             np.stack([env.reset()[0] for env in self.envs]), dtype=torch.float32
         )
-        self.ep_return = np.zeros(n)
-        self.ep_length = np.zeros(n, dtype=np.int64)
+        self.ep_return = [0.0] * n  # Python numbers: a numpy item update costs 4x as much
+        self.ep_length = [0] * n
         self.rewards = np.zeros(n, dtype=np.float32)
         self.dones = np.zeros(n, dtype=np.float32)
 
@@ -214,42 +214,55 @@ class EnvBatch:
     def step(self, model: ActorCritic, actions: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
         """Step every env with ``actions``; ``self.obs`` becomes the next observations. Returns
         the rewards and dones (views, overwritten by the next call)."""
+        self.rewards[:], self.dones[:] = self._step(model, actions)
+        return self.rewards, self.dones
+
+    def _step(self, model: ActorCritic, actions: torch.Tensor) -> tuple[list, list]:
         env_actions = model.to_env(actions)
-        next_obs = []
+        ep_return, ep_length = self.ep_return, self.ep_length
+        next_obs, rewards, dones = [], [], []
         for i, env in enumerate(self.envs):
             o, r, terminated, truncated, _ = env.step(env_actions[i])
-            self.ep_return[i] += r
-            self.ep_length[i] += 1
-            if truncated and not terminated:
-                # a time limit, not a failure: the value of where it stopped still counts
-                with torch.no_grad():
-                    r += self.gamma * model.v(torch.as_tensor(o, dtype=torch.float32)).item()
-            if terminated or truncated:
-                self.ctx.log_episode(self.ep_return[i], self.ep_length[i])
-                self.ep_return[i], self.ep_length[i] = 0.0, 0
+            ep_return[i] += r
+            ep_length[i] += 1
+            done = terminated or truncated
+            if done:
+                if not terminated:
+                    # a time limit, not a failure: the value of where it stopped still counts
+                    with torch.no_grad():
+                        r += self.gamma * model.v(torch.as_tensor(o, dtype=torch.float32)).item()
+                self.ctx.log_episode(ep_return[i], ep_length[i])
+                ep_return[i], ep_length[i] = 0.0, 0
                 o, _ = env.reset()
-            self.rewards[i], self.dones[i] = r, terminated or truncated
             next_obs.append(o)
+            rewards.append(r)
+            dones.append(done)
         self.obs = torch.as_tensor(np.stack(next_obs), dtype=torch.float32)
-        return self.rewards, self.dones
+        return rewards, dones
 
     def rollout(self, model: ActorCritic, slot: dict[str, torch.Tensor]) -> None:
         """Act with ``model`` for as many steps as ``slot`` holds (one batched forward per step)
         and write the rollout into it in place: the fields of :func:`rollout_spec`."""
         steps = slot["action"].shape[0]
-        for t in range(steps):
-            obs = self.obs
+        obs, actions, logps, rewards, dones = [], [], [], [], []
+        for _ in range(steps):
             with torch.no_grad():
-                out = model.pi(obs)  # acting needs the policy head only
-                actions = model.sample(out)
-                logp, _ = model.log_prob_entropy(out, actions)
-            slot["obs"][t] = obs
-            slot["action"][t] = actions
-            slot["logp"][t] = logp
-            rewards, dones = self.step(model, actions)
-            slot["reward"][t] = torch.from_numpy(rewards)  # one write per step, not per env
-            slot["done"][t] = torch.from_numpy(dones)
-        slot["obs"][steps] = self.obs
+                out = model.pi(self.obs)  # acting needs the policy head only
+                action = model.sample(out)
+                logp, _ = model.log_prob_entropy(out, action)
+            obs.append(self.obs)
+            actions.append(action)
+            logps.append(logp)
+            reward, done = self._step(model, action)
+            rewards.append(reward)
+            dones.append(done)
+        obs.append(self.obs)
+        # one write per field and rollout, not one per step
+        torch.stack(obs, out=slot["obs"])
+        torch.stack(actions, out=slot["action"])
+        torch.stack(logps, out=slot["logp"])
+        slot["reward"].numpy()[:] = rewards
+        slot["done"].numpy()[:] = dones
         self.ctx.add_steps(steps * len(self.envs))
 
     def close(self) -> None:
