@@ -98,9 +98,11 @@ class Rollouts:
     def _views(self) -> None:
         self._state_np, self._seq_np = self._state.numpy(), self._seq.numpy()
         self._cursor = 0  # which of its slots a worker fills next (per process)
+        self._taken: list[dict[str, torch.Tensor]] = []  # copied out, not yet batched (learner)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if not k.endswith("_np") and k != "_cursor"}
+        local = ("_cursor", "_taken")
+        return {k: v for k, v in self.__dict__.items() if not k.endswith("_np") and k not in local}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -148,22 +150,20 @@ class Rollouts:
 
     def take_batch(self, n: int, stop: Callable[[], bool]) -> dict[str, torch.Tensor] | None:
         """``n`` filled slots, stacked along a new dim 1 (``[T, n, ...]`` for ``[T, ...]``
-        fields), copied out so the slots are released at once. ``None`` when stopping."""
-        indices = []
-        for _ in range(n):
+        fields). Each slot is copied out and freed as soon as it is full, not once all ``n``
+        are: a worker writing its next rollout finds a free slot instead of waiting for the
+        batch. ``None`` when stopping; the rollouts copied so far open the next call's batch."""
+        while len(self._taken) < n:
             index = self.take(stop)
             if index is None:
-                for i in indices:  # not used: offer them again
-                    self._state_np[i] = FULL
                 return None
-            indices.append(index)
-        batch = {
-            name: torch.stack([t[i] for i in indices], dim=1 if t.dim() > 1 else 0)
+            self._taken.append({name: t[index].clone() for name, t in self.buffers.items()})
+            self.release(index)
+        taken, self._taken = self._taken[:n], self._taken[n:]
+        return {
+            name: torch.stack([part[name] for part in taken], dim=1 if t.dim() > 1 else 0)
             for name, t in self.buffers.items()
         }
-        for i in indices:
-            self.release(i)
-        return batch
 
 
 class Weights:

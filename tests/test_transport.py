@@ -6,6 +6,7 @@ import json
 import multiprocessing as mp
 import pstats
 import signal
+import threading
 import time
 
 import pytest
@@ -105,6 +106,35 @@ def test_take_batch_stacks_rollouts_and_frees_their_slots():
     assert batch["obs"].shape == (T + 1, 2, E, 2) and batch["version"].shape == (2,)
     assert batch["obs"][0, :, 0, 0].tolist() == [1.0, 2.0]
     assert len({rollouts.acquire(0, lambda: False, timeout=1) for _ in range(3)}) == 3
+
+
+def test_take_batch_frees_each_slot_before_the_batch_is_complete():
+    rollouts = Rollouts(SPEC, workers=1, slots_per_worker=1)  # one slot, a batch of two
+    result: list[dict[str, torch.Tensor] | None] = []
+    learner = threading.Thread(
+        target=lambda: result.append(rollouts.take_batch(2, lambda: False)), daemon=True
+    )
+    for value in (1.0, 2.0):
+        index = rollouts.acquire(0, lambda: False, timeout=5)
+        assert index == 0  # the second time only if the learner freed it mid-batch
+        rollouts.slot(index)["obs"].fill_(value)
+        rollouts.commit(index)
+        if not learner.is_alive() and not result:
+            learner.start()
+    learner.join(timeout=5)
+    assert result[0]["obs"][0, :, 0, 0].tolist() == [1.0, 2.0]
+
+
+def test_take_batch_keeps_what_it_copied_when_stopped():
+    rollouts = Rollouts(SPEC, workers=1, slots_per_worker=2)
+    for value in (1.0, 2.0):
+        index = rollouts.acquire(0, lambda: False)
+        rollouts.slot(index)["obs"].fill_(value)
+        rollouts.commit(index)
+        if value == 1.0:  # one rollout ready, then the stop: no batch, nothing lost
+            assert rollouts.take_batch(2, lambda: True) is None
+    batch = rollouts.take_batch(2, lambda: False)
+    assert batch["obs"][0, :, 0, 0].tolist() == [1.0, 2.0]
 
 
 def test_blocked_producers_return_when_stopped_with_full_slots():
