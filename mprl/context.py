@@ -26,7 +26,29 @@ class Channel(Protocol):
     def beat(self, slot: int, starting: bool = False) -> None: ...
     def env_steps(self) -> int: ...
     def send(self, slot: int, record: dict[str, Any]) -> None: ...
+    def episode(self, slot: int, source: str, episode_return: float, episode_length: int) -> None:
+        """Send the record of a finished episode (:func:`episode_record`); called thousands of
+        times a second, so a channel may pack them until it sends."""
+
     def flush(self) -> None: ...
+
+
+def episode_record(
+    source: str, step: int, time: float, episode_return: float, episode_length: int
+) -> dict[str, Any]:
+    """The metrics record of a finished episode."""
+    return {
+        "source": source,
+        "step": step,
+        "time": time,
+        "episode_return": _finite(episode_return),
+        "episode_length": episode_length,
+    }
+
+
+def _finite(value: Any) -> Any:
+    """``value``, or its string when a float JSON cannot hold (NaN, inf)."""
+    return str(value) if isinstance(value, float) and not math.isfinite(value) else value
 
 
 def derive_seed(*parts: int) -> int:
@@ -120,16 +142,20 @@ class Context:
 
     def log_episode(self, episode_return: float, episode_length: int, **values: float) -> None:
         """Report a finished episode; the main process tracks returns and checks "solved"."""
-        self.log(episode_return=float(episode_return), episode_length=int(episode_length), **values)
+        if values:
+            self.log(
+                episode_return=float(episode_return), episode_length=int(episode_length), **values
+            )
+        else:  # the common case, thousands of times a second: no record built here
+            self.channel.episode(
+                self._slot, self.source, float(episode_return), int(episode_length)
+            )
 
     def log(self, **values: Any) -> None:
         """Report scalar metrics (losses, entropy, ...) to ``metrics.jsonl`` and the reporters."""
         record = {"source": self.source, "step": self.channel.env_steps(), "time": time.time()}
         for key, value in values.items():
-            value = value.item() if hasattr(value, "item") else value
-            if isinstance(value, float) and not math.isfinite(value):
-                value = str(value)  # JSON has no NaN / inf
-            record[key] = value
+            record[key] = _finite(value.item() if hasattr(value, "item") else value)
         self.channel.send(self._slot, record)
 
     def env_seed(self, index: int = 0) -> int:

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from mprl.backend import ChildFailure, Job, Monitor, Outcome
-from mprl.context import Context
+from mprl.context import Context, episode_record
 from mprl.schema import SharedState
 
 TICK_S = 0.25  # the monitor is asked to stop at least this often, and after every new record
@@ -353,6 +353,10 @@ class _SerialChannel:
     def send(self, slot: int, record: dict[str, Any]) -> None:
         self.pending.append(record)
         self.run.switch()
+
+    def episode(self, slot: int, source: str, episode_return: float, episode_length: int) -> None:
+        step = self.env_steps()
+        self.send(slot, episode_record(source, step, time.time(), episode_return, episode_length))
 
     def flush(self) -> None:
         pass

@@ -23,7 +23,7 @@ import pytest
 
 import mprl
 from mprl import hookspecs, schema
-from mprl.context import Context
+from mprl.context import Context, episode_record
 from mprl.envs import make_env
 from mprl.plugins import NO_AUTOLOAD_ENV, PluginManager, get_plugin_manager
 from mprl.runner import RunInfo, Summary
@@ -274,6 +274,9 @@ class BudgetChannel:
 
     def send(self, slot: int, record: dict[str, Any]) -> None:
         self.records.append(record)
+
+    def episode(self, slot: int, source: str, episode_return: float, episode_length: int) -> None:
+        self.send(slot, episode_record(source, self.steps, 0.0, episode_return, episode_length))
 
     def flush(self) -> None:
         pass
