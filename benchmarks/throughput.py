@@ -1,25 +1,32 @@
 """Environment steps per second of the impala plugin against a no-framework ceiling.
 
-    python benchmarks/throughput.py [--workers 1 2 3 4] [--envs 8 16 32] [--window-s 8]
-                                    [--out benchmarks/results/throughput]
+    python benchmarks/throughput.py [--workers 1 2 3 4] [--envs 8 16 32] [--window-s 2]
+                                    [--pairs 5] [--out benchmarks/results/throughput]
 
 For each envs-per-worker value E, the *ceiling* is one plain Python process stepping E
 CartPole-v1 environments with the same network (one batched forward per step, sampling, no
-learning, no framework) for a few seconds. For each (workers W, E), ``python -m mprl run
---plugin impala`` runs on the same machine in the same session; its rate is read from the step
-counters in the episode records after a warm-up. The ratio reported is
+learning, no framework). For each (workers W, E), ``python -m mprl run --plugin impala`` runs
+on the same machine; its rate is read from the step counters in the episode records. The ratio
+reported is
 
     framework_steps_per_s / (min(W, cores) * ceiling_steps_per_s(E))
 
 so 1.0 means the framework collects as fast as min(W, cores) bare processes could, with the
-learner, transport and weight broadcast running alongside. That denominator assumes the cores
-scale linearly, so the same run measures the machine's own bound too: ``cores`` bare processes
-stepping side by side, as a ratio of ``cores * ceiling`` (no framework, no learner, no main
-process; on a machine whose cores slow each other down it is below 1). The learning rate is
-set tiny so the policy stays close to random in both (episode lengths, hence reset costs,
-match) and the run never stops by solving. Also reported: learner updates/s and mean policy
-staleness (learner version minus the version a rollout was collected with). Writes JSON, and a
-PNG when matplotlib is installed.
+learner, transport and weight broadcast running alongside.
+
+The speed of a shared (virtual) machine drifts by 10-20% over a few seconds, more than the
+differences measured here, so rates are compared in pairs: the run paused (SIGSTOP to its
+process group) while this process measures the ceiling for a window, then a window of the run
+of the same length, ``--pairs`` times. The ratio reported is the median of the pairs' ratios
+(their range is reported too).
+
+The denominator assumes the cores scale linearly, so the machine's own bound is measured too:
+``cores`` bare processes stepping side by side, as a ratio of ``cores * ceiling`` (no
+framework, no learner, no main process). The learning rate is set tiny so the policy stays
+close to random in both (episode lengths, hence reset costs, match) and the run never stops by
+solving. Also reported: learner updates/s (paused time left out) and mean policy staleness
+(learner version minus the version a rollout was collected with). Writes JSON, and a PNG when
+matplotlib is installed.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ import multiprocessing
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -91,9 +99,24 @@ def side_by_side(n_procs: int, n_envs: int, seconds: float) -> float:
         return float(sum(rates))
 
 
+def _segments(records: list[dict], gap_s: float) -> list[list[dict]]:
+    """``records`` in wall order, split where no record came for ``gap_s`` (a pause)."""
+    records = sorted(records, key=lambda r: r["wall"])
+    out = [[records[0]]]
+    for r in records[1:]:
+        if r["wall"] - out[-1][-1]["wall"] > gap_s:
+            out.append([])
+        out[-1].append(r)
+    return out
+
+
 def framework(
-    workers: int, n_envs: int, warmup_s: float, window_s: float, sets: list[str] = ()
+    workers: int, n_envs: int, warmup_s: float, window_s: float, pairs: int, sets: list[str] = ()
 ) -> dict:
+    """Steps/s of an impala run in ``pairs`` windows, each paired with a ceiling measured
+    right before it while the whole run is paused (SIGSTOP to its process group): this
+    machine's speed drifts by 10-20% from one few-second window to the next, and only a
+    ratio of rates measured side by side in time is reproducible."""
     run_dir = Path(tempfile.mkdtemp(prefix="mprl-throughput-")) / "run"
     args = [
         sys.executable, "-m", "mprl", "run", "--plugin", "impala", "--env", ENV,
@@ -101,13 +124,23 @@ def framework(
         "--set", "lr=1e-7", "--run-dir", str(run_dir), "--quiet", "--checkpoint-every", "0",
         *(a for kv in sets for a in ("--set", kv)),
     ]  # fmt: skip
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     metrics = run_dir / "metrics.jsonl"
+    ceilings: list[float] = []
     try:
         deadline = time.monotonic() + 120
         while not (metrics.exists() and metrics.stat().st_size) and time.monotonic() < deadline:
             time.sleep(0.2)
-        time.sleep(warmup_s + window_s)
+        time.sleep(warmup_s)
+        for _ in range(pairs):
+            os.killpg(proc.pid, signal.SIGSTOP)
+            try:
+                ceilings.append(ceiling(n_envs, window_s))
+            finally:
+                os.killpg(proc.pid, signal.SIGCONT)
+            time.sleep(window_s)
     finally:
         proc.send_signal(signal.SIGINT)
         _, stderr = proc.communicate(timeout=60)
@@ -115,14 +148,21 @@ def framework(
         raise RuntimeError(f"impala run failed ({proc.returncode}): {stderr}")
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
     shutil.rmtree(run_dir.parent, ignore_errors=True)  # a temp run directory
-    episodes = [r for r in records if "episode_return" in r]
-    t0 = episodes[0]["wall"] + warmup_s
-    window = [r for r in episodes if r["wall"] >= t0]
-    rate = (window[-1]["step"] - window[0]["step"]) / (window[-1]["wall"] - window[0]["wall"])
-    learner = [r for r in records if r["source"] == "trainer" and r["wall"] >= t0]
+    # the pauses are the gaps in the episode records: the warm-up, then one segment a window
+    windows = _segments([r for r in records if "episode_return" in r], window_s / 2)[1:]
+    if len(windows) != pairs:
+        raise RuntimeError(f"expected {pairs} windows between pauses, found {len(windows)}")
+    rates = [(w[-1]["step"] - w[0]["step"]) / (w[-1]["wall"] - w[0]["wall"]) for w in windows]
+    active = sum(w[-1]["wall"] - w[0]["wall"] for w in windows)
+    learner = [
+        r for r in records if r["source"] == "trainer" and windows[0][0]["wall"] <= r["wall"]
+    ]
     return {
-        "steps_per_s": rate,
-        "learner_updates_per_s": float(np.mean([r["updates_per_s"] for r in learner])),
+        "steps_per_s": rates,
+        "ceiling_steps_per_s": ceilings,
+        # updates over the windows (the learner's counter does not move while paused)
+        "learner_updates_per_s": (learner[-1]["updates"] - learner[0]["updates"])
+        / max(active, 1e-9),
         "staleness": float(np.mean([r["staleness"] for r in learner])),
     }
 
@@ -155,7 +195,8 @@ def main() -> None:
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2, 3, 4])
     parser.add_argument("--envs", type=int, nargs="+", default=[8, 16, 32])
     parser.add_argument("--warmup-s", type=float, default=3.0)
-    parser.add_argument("--window-s", type=float, default=8.0)
+    parser.add_argument("--window-s", type=float, default=2.0)
+    parser.add_argument("--pairs", type=int, default=5, help="framework/ceiling window pairs")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/throughput"))
     parser.add_argument(
         "--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
@@ -163,18 +204,28 @@ def main() -> None:
     )  # fmt: skip
     args = parser.parse_args()
     cores = os.cpu_count() or 1
-    ceilings = {n: ceiling(n, args.window_s) for n in args.envs}
-    bare = {n: side_by_side(cores, n, args.window_s) / (cores * ceilings[n]) for n in args.envs}
+    bare = {}
+    for n_envs in args.envs:
+        before = ceiling(n_envs, args.window_s)
+        together = side_by_side(cores, n_envs, args.window_s)
+        alone = (before + ceiling(n_envs, args.window_s)) / 2  # around it: the speed drifts
+        bare[n_envs] = together / (cores * alone)
     rows = []
     for n_envs in args.envs:
         for workers in args.workers:
-            fw = framework(workers, n_envs, args.warmup_s, args.window_s, args.sets)
+            fw = framework(workers, n_envs, args.warmup_s, args.window_s, args.pairs, args.sets)
+            ratios = [
+                f / (min(workers, cores) * c)
+                for f, c in zip(fw["steps_per_s"], fw["ceiling_steps_per_s"], strict=True)
+            ]
             row = {
                 "workers": workers,
                 "envs_per_worker": n_envs,
-                "ceiling_steps_per_s": round(ceilings[n_envs], 1),
-                "framework_steps_per_s": round(fw["steps_per_s"], 1),
-                "ratio": round(fw["steps_per_s"] / (min(workers, cores) * ceilings[n_envs]), 3),
+                "ceiling_steps_per_s": round(statistics.median(fw["ceiling_steps_per_s"]), 1),
+                "framework_steps_per_s": round(statistics.median(fw["steps_per_s"]), 1),
+                "ratio": round(statistics.median(ratios), 3),
+                "ratio_min": round(min(ratios), 3),
+                "ratio_max": round(max(ratios), 3),
                 "learner_updates_per_s": round(fw["learner_updates_per_s"], 1),
                 "staleness": round(fw["staleness"], 2),
             }
@@ -182,12 +233,13 @@ def main() -> None:
             print(json.dumps(row), flush=True)
     print(f"\n{cores} cores; ratio = framework / (min(workers, cores) * ceiling)")
     head = ("workers", "envs/worker", "ceiling steps/s", "framework steps/s", "ratio")
-    print("| " + " | ".join((*head, "updates/s", "staleness")) + " |")
-    print("|---|---|---|---|---|---|---|")
+    print("| " + " | ".join((*head, "ratio min-max", "updates/s", "staleness")) + " |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(
             f"| {r['workers']} | {r['envs_per_worker']} | {r['ceiling_steps_per_s']:,.0f} | "
             f"{r['framework_steps_per_s']:,.0f} | {r['ratio']:.2f} | "
+            f"{r['ratio_min']:.2f}-{r['ratio_max']:.2f} | "
             f"{r['learner_updates_per_s']:.1f} | {r['staleness']:.2f} |"
         )
     print(f"\nthe machine's own bound: {cores} bare processes side by side")
