@@ -93,7 +93,7 @@ def worker(ctx: mprl.Context) -> None:
             # control state, one Manager round trip a second: the server answers only when
             # the OS runs it, and waiting on it every rollout cost this loop 5% of its time
             ctx.state.collected[ctx.rank] = collected
-            published = -COUNT_EVERY_S  # the first rollout is published at once
+            published = time.monotonic()
     ctx.state.collected[ctx.rank] = collected
     envs.close()
 
