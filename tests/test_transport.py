@@ -96,12 +96,19 @@ def test_a_killed_writer_leaves_nothing_locked():
     assert again.exitcode == 0
 
 
+def commit(rollouts: Rollouts, value: float) -> int:
+    """Rank 0 writes a rollout of ``value``s into its next slot and hands it over."""
+    index = rollouts.acquire(0, lambda: False, timeout=5)
+    assert index is not None
+    rollouts.slot(index)["obs"].fill_(value)
+    rollouts.commit(index)
+    return index
+
+
 def test_take_batch_stacks_rollouts_and_frees_their_slots():
     rollouts = Rollouts(SPEC, workers=1, slots_per_worker=3)
-    for value in (1, 2):
-        index = rollouts.acquire(0, lambda: False)
-        rollouts.slot(index)["obs"].fill_(value)
-        rollouts.commit(index)
+    commit(rollouts, 1.0)
+    commit(rollouts, 2.0)
     batch = rollouts.take_batch(2, lambda: False)
     assert batch["obs"].shape == (T + 1, 2, E, 2) and batch["version"].shape == (2,)
     assert batch["obs"][0, :, 0, 0].tolist() == [1.0, 2.0]
@@ -114,26 +121,19 @@ def test_take_batch_frees_each_slot_before_the_batch_is_complete():
     learner = threading.Thread(
         target=lambda: result.append(rollouts.take_batch(2, lambda: False)), daemon=True
     )
-    for value in (1.0, 2.0):
-        index = rollouts.acquire(0, lambda: False, timeout=5)
-        assert index == 0  # the second time only if the learner freed it mid-batch
-        rollouts.slot(index)["obs"].fill_(value)
-        rollouts.commit(index)
-        if not learner.is_alive() and not result:
-            learner.start()
+    learner.start()
+    assert commit(rollouts, 1.0) == 0
+    assert commit(rollouts, 2.0) == 0  # only if the learner freed the slot mid-batch
     learner.join(timeout=5)
     assert result[0]["obs"][0, :, 0, 0].tolist() == [1.0, 2.0]
 
 
 def test_take_batch_keeps_what_it_copied_when_stopped():
     rollouts = Rollouts(SPEC, workers=1, slots_per_worker=2)
-    for value in (1.0, 2.0):
-        index = rollouts.acquire(0, lambda: False)
-        rollouts.slot(index)["obs"].fill_(value)
-        rollouts.commit(index)
-        if value == 1.0:  # one rollout ready, then the stop: no batch, nothing lost
-            assert rollouts.take_batch(2, lambda: True) is None
-    batch = rollouts.take_batch(2, lambda: False)
+    commit(rollouts, 1.0)
+    assert rollouts.take_batch(2, lambda: True) is None  # one ready, then the stop: no batch
+    commit(rollouts, 2.0)
+    batch = rollouts.take_batch(2, lambda: False)  # nothing was lost
     assert batch["obs"][0, :, 0, 0].tolist() == [1.0, 2.0]
 
 
