@@ -17,6 +17,8 @@ import torch
 from mprl.errors import UsageError
 
 CSV_COLUMNS = ("wall", "step", "source", "name", "value")
+#: one encoder for every record (json.dumps with ``default=`` builds one per call)
+_to_json = json.JSONEncoder(default=str).encode
 
 
 def atomic_write(path: Path, write: Any) -> None:
@@ -92,14 +94,18 @@ class RunDir:
             self._csv = csv.writer(self._csv_file)
             if self._csv_file.tell() == 0:
                 self._csv.writerow(CSV_COLUMNS)
+        lines, rows = [], []
         for record in records:
-            self._metrics.write(json.dumps(record, default=str) + "\n")
+            lines.append(_to_json(record))
             head = (record.get("wall"), record.get("step"), record.get("source"))
-            self._csv.writerows(
+            rows.extend(
                 (*head, name, value)
                 for name, value in record.items()
                 if name not in CSV_COLUMNS and isinstance(value, int | float)
             )
+        if lines:
+            self._metrics.write("\n".join(lines) + "\n")
+        self._csv.writerows(rows)
         self._metrics.flush()
         self._csv_file.flush()
 
