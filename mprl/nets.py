@@ -204,7 +204,8 @@ class EnvBatch:
             np.stack([env.reset()[0] for env in self.envs]), dtype=torch.float32
         )
         self.ep_return = [0.0] * n  # Python numbers: a numpy item update costs 4x as much
-        self.ep_length = [0] * n
+        self.ep_start = [0] * n  # the value of self.t when each env's episode began
+        self.t = 0  # steps of this batch so far
         self.rewards = np.zeros(n, dtype=np.float32)
         self.dones = np.zeros(n, dtype=np.float32)
 
@@ -219,24 +220,22 @@ class EnvBatch:
 
     def _step(self, model: ActorCritic, actions: torch.Tensor) -> tuple[list, list]:
         env_actions = model.to_env(actions)
-        ep_return, ep_length = self.ep_return, self.ep_length
-        next_obs, rewards, dones = [], [], []
+        ep_return = self.ep_return
+        self.t += 1
+        next_obs, rewards, dones = [], [], [False] * len(self.envs)
         for i, env in enumerate(self.envs):
             o, r, terminated, truncated, _ = env.step(env_actions[i])
             ep_return[i] += r
-            ep_length[i] += 1
-            done = terminated or truncated
-            if done:
+            if terminated or truncated:
                 if not terminated:
                     # a time limit, not a failure: the value of where it stopped still counts
                     with torch.no_grad():
                         r += self.gamma * model.v(torch.as_tensor(o, dtype=torch.float32)).item()
-                self.ctx.log_episode(ep_return[i], ep_length[i])
-                ep_return[i], ep_length[i] = 0.0, 0
+                self.ctx.log_episode(ep_return[i], self.t - self.ep_start[i])
+                ep_return[i], self.ep_start[i], dones[i] = 0.0, self.t, True
                 o, _ = env.reset()
             next_obs.append(o)
             rewards.append(r)
-            dones.append(done)
         self.obs = torch.as_tensor(np.stack(next_obs), dtype=torch.float32)
         return rewards, dones
 

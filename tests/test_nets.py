@@ -1,13 +1,15 @@
-"""mprl.nets.Adam: the same updates as torch.optim.Adam, without importing torch._dynamo."""
+"""mprl.nets: Adam (the same updates as torch.optim.Adam, without importing torch._dynamo) and
+EnvBatch (episodes, time-limit bootstrap and rollout slots, on real environments)."""
 
 from __future__ import annotations
 
 import multiprocessing as mp
 import sys
 
+import gymnasium as gym
 import torch
 
-from mprl.nets import ActorCriticConfig, Adam, make_optimizer
+from mprl.nets import ActorCritic, ActorCriticConfig, Adam, EnvBatch, make_optimizer, rollout_spec
 from mprl.runner import share_optimizer_state
 
 
@@ -73,3 +75,62 @@ def test_a_spawned_process_steps_the_shared_adam_without_importing_dynamo():
     assert not imported_at_start and not imported_after
     assert steps == 1 and int(opt.state[next(model.parameters())]["step"]) == 1  # shared state
     assert any(not torch.equal(p, w) for p, w in zip(model.parameters(), weights, strict=True))
+
+
+class EpisodeLog:
+    """The part of a Context EnvBatch uses: real time-limited CartPoles, episodes recorded."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.episodes, self.steps = limit, [], 0
+
+    def make_env(self, index: int) -> gym.Env:
+        env = gym.make("CartPole-v1", max_episode_steps=self.limit)
+        env.reset(seed=index)
+        return env
+
+    def log_episode(self, episode_return: float, episode_length: int) -> None:
+        self.episodes.append((episode_return, episode_length))
+
+    def add_steps(self, n: int) -> None:
+        self.steps += n
+
+
+def test_env_batch_rollout_records_episodes_and_bootstraps_time_limits():
+    limit, n, steps, gamma, value = 12, 3, 60, 0.9, 2.5
+    ctx = EpisodeLog(limit)
+    envs = EnvBatch(ctx, n, gamma)
+    space = envs.envs[0]
+    torch.manual_seed(0)
+    model = ActorCritic(space.observation_space, space.action_space, (8,))
+    with torch.no_grad():  # V(x) = value everywhere: the bootstrap is known
+        model.v[-1].weight.zero_()
+        model.v[-1].bias.fill_(value)
+    slot = {
+        name: torch.zeros(shape, dtype=dtype)
+        for name, (shape, dtype) in rollout_spec(
+            space.observation_space, space.action_space, steps, n
+        ).items()
+    }
+    start = envs.obs.clone()
+    envs.rollout(model, slot)
+
+    assert ctx.steps == steps * n
+    assert torch.equal(slot["obs"][0], start) and torch.equal(slot["obs"][steps], envs.obs)
+    done = slot["done"].bool()
+    # CartPole pays 1 a step: an episode's return is its length, which the dones delimit
+    lengths = []
+    for i in range(n):
+        ends = done[:, i].nonzero().flatten().tolist()
+        lengths += [b - a for a, b in zip([-1, *ends], ends, strict=False)]
+    assert sorted(ctx.episodes) == sorted((float(k), k) for k in lengths)
+    assert all(1 <= k <= limit for k in lengths) and limit in lengths  # some hit the limit
+    # a step that hit the time limit keeps the value of where it stopped; a fall does not
+    reward = slot["reward"][done]
+    truncated = torch.isclose(reward, torch.tensor(1 + gamma * value))
+    assert truncated.any() and (~truncated).any()  # both kinds of episode end happened
+    assert torch.all(truncated | (reward == 1.0))
+    assert torch.all(slot["reward"][~done] == 1.0)
+    # log-probs are those of the actions taken under the policy
+    out = model.pi(slot["obs"][:steps])
+    logp, _ = model.log_prob_entropy(out, slot["action"])
+    assert torch.allclose(logp, slot["logp"], atol=1e-6)
