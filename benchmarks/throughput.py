@@ -1,7 +1,7 @@
 """Environment steps per second of the impala plugin against a no-framework ceiling.
 
-    python benchmarks/throughput.py [--workers 1 2 3 4] [--envs 8 16 32] [--window-s 2]
-                                    [--pairs 5] [--out benchmarks/results/throughput]
+    python benchmarks/throughput.py [--workers 1 2 3 4] [--envs 8 16 32] [--window-s 1]
+                                    [--pairs 9] [--out benchmarks/results/throughput]
 
 For each envs-per-worker value E, the *ceiling* is one plain Python process stepping E
 CartPole-v1 environments with the same network (one batched forward per step, sampling, no
@@ -195,8 +195,8 @@ def main() -> None:
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2, 3, 4])
     parser.add_argument("--envs", type=int, nargs="+", default=[8, 16, 32])
     parser.add_argument("--warmup-s", type=float, default=3.0)
-    parser.add_argument("--window-s", type=float, default=2.0)
-    parser.add_argument("--pairs", type=int, default=5, help="framework/ceiling window pairs")
+    parser.add_argument("--window-s", type=float, default=1.0)
+    parser.add_argument("--pairs", type=int, default=9, help="framework/ceiling window pairs")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/throughput"))
     parser.add_argument(
         "--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
