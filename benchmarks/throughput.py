@@ -153,14 +153,15 @@ def framework(
     if len(windows) != pairs:
         raise RuntimeError(f"expected {pairs} windows between pauses, found {len(windows)}")
     rates = [(w[-1]["step"] - w[0]["step"]) / (w[-1]["wall"] - w[0]["wall"]) for w in windows]
-    active = sum(w[-1]["wall"] - w[0]["wall"] for w in windows)
     learner = [
         r for r in records if r["source"] == "trainer" and windows[0][0]["wall"] <= r["wall"]
     ]
+    a, b = learner[0]["wall"], learner[-1]["wall"]
+    # the run's time between those two records, less the pauses (no update happens in one)
+    active = sum(max(0.0, min(b, w[-1]["wall"]) - max(a, w[0]["wall"])) for w in windows)
     return {
         "steps_per_s": rates,
         "ceiling_steps_per_s": ceilings,
-        # updates over the windows (the learner's counter does not move while paused)
         "learner_updates_per_s": (learner[-1]["updates"] - learner[0]["updates"])
         / max(active, 1e-9),
         "staleness": float(np.mean([r["staleness"] for r in learner])),
