@@ -177,11 +177,25 @@ class Weights:
 
     def __init__(self) -> None:
         self._seq = torch.zeros(1, dtype=torch.int64).share_memory_()
+        self._local()
+
+    def _local(self) -> None:
+        self._seq_np = self._seq.numpy()
+        # (local, shared, their parameters) of the last pull: listing the parameters of a
+        # small model costs as much as copying them (per process)
+        self._params: tuple[Any, Any, list[torch.Tensor], list[torch.Tensor]] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"_seq": self._seq}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._local()
 
     @property
     def version(self) -> int:
         """Number of completed updates."""
-        return int(self._seq[0]) // 2
+        return int(self._seq_np[0]) // 2
 
     def state_dict(self) -> dict[str, int]:
         """What a checkpoint keeps: the version, so a resumed run counts on from it."""
@@ -193,11 +207,11 @@ class Weights:
     @contextmanager
     def writing(self) -> Iterator[None]:
         """Wrap the learner's in-place update of the shared model (``optimizer.step()``)."""
-        self._seq[0] += 1  # odd: a write is in progress
+        self._seq_np[0] += 1  # odd: a write is in progress
         try:
             yield
         finally:
-            self._seq[0] += 1
+            self._seq_np[0] += 1
 
     def wait(
         self, newer_than: int, stop: Callable[[], bool], timeout: float | None = None
@@ -210,7 +224,7 @@ class Weights:
         """
 
         def ready() -> int | None:
-            seq = int(self._seq[0])
+            seq = int(self._seq_np[0])
             return seq // 2 if seq % 2 == 0 and seq // 2 > newer_than else None
 
         return _wait(ready, stop, timeout)
@@ -218,15 +232,18 @@ class Weights:
     def pull(self, shared: torch.nn.Module, local: torch.nn.Module, have: int = -1) -> int:
         """Copy ``shared``'s parameters into ``local`` if they are newer than version ``have``;
         return the version ``local`` now holds."""
+        cached = self._params
+        if cached is None or cached[0] is not local or cached[1] is not shared:
+            self._params = (local, shared, list(local.parameters()), list(shared.parameters()))
         while True:
-            before = int(self._seq[0])
+            before = int(self._seq_np[0])
             if before % 2:  # the learner is writing: it is quick, look again
                 time.sleep(0)
                 continue
             if before // 2 == have:
                 return have
             with torch.no_grad():
-                for dst, src in zip(local.parameters(), shared.parameters(), strict=True):
+                for dst, src in zip(self._params[2], self._params[3], strict=True):
                     dst.copy_(src)
-            if int(self._seq[0]) == before:
+            if int(self._seq_np[0]) == before:
                 return before // 2
