@@ -62,8 +62,8 @@ class Rollouts:
         torch.float32), "action": ((T, E), torch.int64)}``. A ``version`` field (the policy
         version a rollout was collected with) and a ``source`` field (the worker rank) are added.
     :param workers: the number of worker ranks.
-    :param slots_per_worker: rollouts a worker can have in flight; 2 keeps it busy while the
-        learner reads.
+    :param slots_per_worker: rollouts a worker can have in flight: more keep it busy while the
+        learner is busy, and make the rollouts the learner reads older.
 
     Each slot belongs to one rank and has a state, ``FREE`` or ``FULL``, in a shared tensor. Only
     the owning worker turns a slot ``FULL`` (after writing it), only the learner turns it

@@ -16,7 +16,6 @@ from torch import nn
 
 import mprl
 from mprl import schema
-from mprl.errors import UsageError
 from mprl.nets import ActorCritic, ActorCriticConfig, EnvBatch, field_help, rollout_spec
 from mprl.transport import Rollouts, Weights
 
@@ -42,10 +41,12 @@ class ImpalaConfig(ActorCriticConfig):
     batch_rollouts: int = attrs.field(
         default=2,
         validator=v.ge(1),
-        metadata=field_help("rollouts per learner update (at most workers * slots_per_worker)"),
+        metadata=field_help("rollouts per learner update"),
     )
     slots_per_worker: int = attrs.field(
-        default=2, validator=v.ge(1), metadata=field_help("rollout slots in flight per worker")
+        default=1,
+        validator=v.ge(1),
+        metadata=field_help("rollout slots per worker (more: fewer waits, staler rollouts)"),
     )
     rho_bar: float = attrs.field(
         default=1.0, validator=v.gt(0.0), metadata=field_help("V-trace importance weight clip")
@@ -60,12 +61,6 @@ def make_shared(
 ) -> Mapping[str, Any]:
     """Rollout slots sized from the spaces and the config, and the weight version counter."""
     spec = rollout_spec(obs_space, act_space, config.unroll, config.envs_per_worker)
-    if config.batch_rollouts > n_workers * config.slots_per_worker:
-        raise UsageError(
-            f"impala config: field 'batch_rollouts' ({config.batch_rollouts}) is more than "
-            f"workers x slots_per_worker ({n_workers} x {config.slots_per_worker}): the learner "
-            "would wait forever; lower it or raise slots_per_worker"
-        )
     return {"rollouts": Rollouts(spec, n_workers, config.slots_per_worker), "weights": Weights()}
 
 
