@@ -132,17 +132,19 @@ def make_model(obs_space: gym.Space, act_space: gym.Space, config: ActorCriticCo
 _ADAM_STEP = inspect.unwrap(torch.optim.Adam.step)
 _ZERO_GRAD = inspect.unwrap(torch.optim.Optimizer.zero_grad)
 _STATE_DICT = inspect.unwrap(torch.optim.Optimizer.state_dict)
+_LOAD_STATE_DICT = inspect.unwrap(torch.optim.Optimizer.load_state_dict)
 
 
 class Adam(torch.optim.Adam):
     """``torch.optim.Adam`` without torch.optim's ``torch.compile`` wrappers around ``step``,
-    ``zero_grad`` and ``state_dict``.
+    ``zero_grad``, ``state_dict`` and ``load_state_dict``.
 
     Those wrappers import ``torch._dynamo`` the first time they run: a second of CPU in every
-    process that touches the optimizer (each a3c worker, every learner), paid at its start-up
-    and on two cores straight off the time to solve. The update is Adam's own code, unchanged
-    (``inspect.unwrap`` reaches it; with a torch that does not wrap, nothing changes). Do not
-    ``torch.compile`` a step of this optimizer; use ``torch.optim.Adam`` for that.
+    process that touches the optimizer (each a3c worker, every learner, the main process of a
+    resumed run), paid at its start-up and on two cores straight off the time to solve. The
+    update is Adam's own code, unchanged (``inspect.unwrap`` reaches it; with a torch that does
+    not wrap, nothing changes). Do not ``torch.compile`` a step of this optimizer; use
+    ``torch.optim.Adam`` for that.
     """
 
     #: :attr:`mprl.Context.optimizer` does not import ``torch._dynamo`` ahead for it
@@ -157,6 +159,9 @@ class Adam(torch.optim.Adam):
 
     def state_dict(self) -> dict[str, Any]:
         return _STATE_DICT(self)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        _LOAD_STATE_DICT(self, state_dict)
 
 
 def make_optimizer(

@@ -52,7 +52,7 @@ def _wait(
         pause = min(pause * 2, MAX_PAUSE_S)
 
 
-FREE, FULL = 0, 1
+FREE, FULL, TAKEN = 0, 1, -1  # a slot's states; TAKEN: the learner is reading it
 
 
 class Rollouts:
@@ -141,7 +141,7 @@ class Rollouts:
 
         index = _wait(ready, stop, timeout)
         if index is not None:
-            self._state_np[index] = -1  # taken: neither free nor offered again
+            self._state_np[index] = TAKEN  # neither free nor offered again
         return index
 
     def release(self, index: int) -> None:

@@ -50,6 +50,7 @@ def _step_in_child(model: torch.nn.Module, optimizer: Adam, out: mp.Queue) -> No
     _loss(model, 0).backward()
     optimizer.step()
     saved = optimizer.state_dict()
+    optimizer.load_state_dict(saved)  # as a resumed run does
     out.put((before, "torch._dynamo" in sys.modules, int(saved["state"][0]["step"])))
 
 
