@@ -166,6 +166,11 @@ def test_built_in_defaults_solve_cartpole(tmp_path, plugin):
     assert solved["mean_return_100"] >= 475
     episodes = [r for r in records if "episode_return" in r][: solved["episodes"]]
     assert sum(r["episode_return"] for r in episodes[-100:]) / 100 >= 475  # from the file too
+    # and the policy the run saved still plays well: it did not drift off after solving (the
+    # margin below 475 is for sampled actions over 10 episodes)
+    proc = cli("eval", str(run_dir), "--episodes", "10", timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((run_dir / "eval.json").read_text())["mean_return"] >= 400
 
 
 def test_children_exit_by_themselves_when_the_main_process_is_killed(installed, tmp_path):
