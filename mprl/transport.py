@@ -65,13 +65,13 @@ class Rollouts:
     :param slots_per_worker: rollouts a worker can have in flight: more keep it busy while the
         learner is busy, and make the rollouts the learner reads older.
 
-    Each slot belongs to one rank and has a state, ``FREE`` or ``FULL``, in a shared tensor. Only
-    the owning worker turns a slot ``FULL`` (after writing it), only the learner turns it
-    ``FREE`` (after reading it), so no lock is needed, and a worker killed at any instruction
-    leaves nothing locked: its restart simply carries on with its rank's slots. (A
-    ``multiprocessing.Queue`` of indices would not survive that: a worker blocked in ``get()``
-    holds the queue's reader lock, and killing it wedges the queue for everyone.) Waiting sides
-    look at the states every millisecond or so.
+    Each slot belongs to one rank and has a state, ``FREE``, ``FULL`` or ``TAKEN``, in a shared
+    tensor. Only the owning worker turns a slot ``FULL`` (after writing it), only the learner
+    turns it ``TAKEN`` (while reading it) and ``FREE`` (after), so no lock is needed, and a
+    worker killed at any instruction leaves nothing locked: its restart simply carries on with
+    its rank's slots. (A ``multiprocessing.Queue`` of indices would not survive that: a worker
+    blocked in ``get()`` holds the queue's reader lock, and killing it wedges the queue for
+    everyone.) Waiting sides look at the states every millisecond or so.
     """
 
     def __init__(self, spec: Mapping[str, FieldSpec], workers: int, slots_per_worker: int = 2):
