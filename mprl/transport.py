@@ -150,9 +150,11 @@ class Rollouts:
 
     def take_batch(self, n: int, stop: Callable[[], bool]) -> dict[str, torch.Tensor] | None:
         """``n`` filled slots, stacked along a new dim 1 (``[T, n, ...]`` for ``[T, ...]``
-        fields). Each slot is copied out and freed as soon as it is full, not once all ``n``
-        are: a worker writing its next rollout finds a free slot instead of waiting for the
-        batch. ``None`` when stopping; the rollouts copied so far open the next call's batch."""
+        fields) in worker-rank order, so that a synchronous learner's batch, and with it a seeded
+        run, does not depend on which worker finished first. Each slot is copied out and freed
+        as soon as it is full, not once all ``n`` are: a worker writing its next rollout finds a
+        free slot instead of waiting for the batch. ``None`` when stopping; the rollouts copied
+        so far open the next call's batch."""
         while len(self._taken) < n:
             index = self.take(stop)
             if index is None:
@@ -160,6 +162,7 @@ class Rollouts:
             self._taken.append({name: t[index].clone() for name, t in self.buffers.items()})
             self.release(index)
         taken, self._taken = self._taken[:n], self._taken[n:]
+        taken.sort(key=lambda part: int(part["source"]))  # stable: a rank's own order kept
         return {
             name: torch.stack([part[name] for part in taken], dim=1 if t.dim() > 1 else 0)
             for name, t in self.buffers.items()

@@ -96,11 +96,12 @@ def test_a_killed_writer_leaves_nothing_locked():
     assert again.exitcode == 0
 
 
-def commit(rollouts: Rollouts, value: float) -> int:
-    """Rank 0 writes a rollout of ``value``s into its next slot and hands it over."""
-    index = rollouts.acquire(0, lambda: False, timeout=5)
+def commit(rollouts: Rollouts, value: float, rank: int = 0) -> int:
+    """``rank`` writes a rollout of ``value``s into its next slot and hands it over."""
+    index = rollouts.acquire(rank, lambda: False, timeout=5)
     assert index is not None
     rollouts.slot(index)["obs"].fill_(value)
+    rollouts.slot(index)["source"].fill_(rank)
     rollouts.commit(index)
     return index
 
@@ -113,6 +114,15 @@ def test_take_batch_stacks_rollouts_and_frees_their_slots():
     assert batch["obs"].shape == (T + 1, 2, E, 2) and batch["version"].shape == (2,)
     assert batch["obs"][0, :, 0, 0].tolist() == [1.0, 2.0]
     assert len({rollouts.acquire(0, lambda: False, timeout=1) for _ in range(3)}) == 3
+
+
+def test_take_batch_orders_a_batch_by_worker_rank_whatever_order_the_rollouts_came_in():
+    rollouts = Rollouts(SPEC, workers=3, slots_per_worker=3)  # one cursor here for all ranks
+    for value, rank in ((1.0, 2), (2.0, 1), (3.0, 2), (4.0, 0)):  # finished in this order
+        commit(rollouts, value, rank)
+    batch = rollouts.take_batch(4, lambda: False)
+    assert batch["source"].tolist() == [0, 1, 2, 2]
+    assert batch["obs"][0, :, 0, 0].tolist() == [4.0, 2.0, 1.0, 3.0]  # a rank's own order kept
 
 
 def test_take_batch_frees_each_slot_before_the_batch_is_complete():
