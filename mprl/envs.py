@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
-import gymnasium as gym
+from collections.abc import Callable
+from typing import Any
 
+import gymnasium as gym
+import numpy as np
+import torch
+
+from mprl.context import derive_seed
 from mprl.errors import PluginError, UsageError
 from mprl.plugins import PluginManager
 
@@ -37,3 +43,29 @@ def make_env(
             )
         return env
     raise UsageError(f"no plugin could create environment {env_id!r}")
+
+
+def play_episodes(
+    env: gym.Env,
+    act: Callable[[torch.Tensor, bool], Any],
+    episodes: int,
+    deterministic: bool,
+    seed: int,
+) -> tuple[list[float], list[int]]:
+    """Play ``episodes`` whole episodes with ``act(obs_batch, deterministic) -> actions`` (a
+    model's ``act``); episode ``i`` is reset with a seed derived from ``seed`` and ``i``.
+    Returns each episode's return and length."""
+    returns, lengths = [], []
+    for i in range(episodes):
+        obs, _ = env.reset(seed=derive_seed(seed, i))
+        total, length, done = 0.0, 0, False
+        while not done:
+            batch = torch.as_tensor(np.asarray(obs, dtype=np.float32)).unsqueeze(0)
+            action = act(batch, deterministic)[0]
+            obs, reward, terminated, truncated, _ = env.step(action)
+            total += float(reward)
+            length += 1
+            done = terminated or truncated
+        returns.append(total)
+        lengths.append(length)
+    return returns, lengths

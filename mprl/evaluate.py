@@ -8,12 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
-import numpy as np
 import torch
 
 from mprl import checkpoint
-from mprl.context import derive_seed
-from mprl.envs import make_env
+from mprl.envs import make_env, play_episodes
 from mprl.errors import UsageError
 from mprl.plugins import PluginManager, get_plugin_manager
 from mprl.rundir import atomic_write
@@ -85,7 +83,7 @@ def evaluate(
         with torch.random.fork_rng(devices=[]):  # sampled actions repeat for a seed
             torch.manual_seed(seed)
             try:
-                returns, lengths = _play(env, act, episodes, deterministic, seed)
+                returns, lengths = play_episodes(env, act, episodes, deterministic, seed)
             except gym.error.DependencyNotInstalled as exc:  # rendering needs e.g. pygame
                 raise UsageError(f"--video: {run_cfg.env} cannot render frames: {exc}") from None
     finally:
@@ -117,22 +115,3 @@ def _default_out(file: Path) -> Path:
     if file.parent.name == "checkpoints" and (file.parent.parent / "config.json").exists():
         return file.parent.parent / "eval.json"
     return file.with_name(file.name + ".eval.json")
-
-
-def _play(
-    env: Any, act: Any, episodes: int, deterministic: bool, seed: int
-) -> tuple[list[float], list[int]]:
-    returns, lengths = [], []
-    for i in range(episodes):
-        obs, _ = env.reset(seed=derive_seed(seed, i))
-        total, length, done = 0.0, 0, False
-        while not done:
-            batch = torch.as_tensor(np.asarray(obs, dtype=np.float32)).unsqueeze(0)
-            action = act(batch, deterministic)[0]
-            obs, reward, terminated, truncated, _ = env.step(action)
-            total += float(reward)
-            length += 1
-            done = terminated or truncated
-        returns.append(total)
-        lengths.append(length)
-    return returns, lengths

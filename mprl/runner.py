@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 import multiprocessing as mp
 import os
@@ -22,7 +23,7 @@ from mprl import __version__, checkpoint, preflight
 from mprl.algorithm import Algorithm
 from mprl.backend import ChildFailure, Job, Outcome
 from mprl.config import as_dict, build
-from mprl.envs import make_env
+from mprl.envs import make_env, play_episodes
 from mprl.errors import PluginError, RunFailed, UsageError
 from mprl.plugins import PluginManager, get_plugin_manager
 from mprl.progress import Progress
@@ -31,6 +32,7 @@ from mprl.schema import SharedState
 from mprl.stats import RunStats
 
 METRICS_EVERY_S = 5.0  # how often the main process writes its own progress record
+CHECK_EPISODES = 10  # episodes the main process plays to confirm a run is solved
 
 
 def _positive_or_none(instance: Any, attribute: attrs.Attribute, value: int | None) -> None:
@@ -276,6 +278,9 @@ class _RunMonitor:
         self._last_checkpoint = time.monotonic()
         self._solved_logged = self.stats.solved()  # a resumed run solved before: logged then
         self.state: SharedState | None = None
+        self._verify_after = 0  # episodes: the next check of the policy waits for this many
+        self._player: Any = None  # (model copy, env) that play the policy in the main process
+        self._solved_weights: dict[str, torch.Tensor] | None = None
 
     def on_start(self, state: SharedState) -> None:
         self.state = state
@@ -315,7 +320,7 @@ class _RunMonitor:
             self.checkpoint()
         if self.signals.received is not None:
             return signal.Signals(self.signals.received).name
-        if self.stats.solved():
+        if self._solved():
             if not self._solved_logged:  # when, and at which mean: the summary's mean is the
                 self._solved_logged = True  # last 100 episodes when the run ended
                 self._emit([{**self._main_record(), "event": "solved"}])
@@ -325,8 +330,55 @@ class _RunMonitor:
             return "total steps reached"
         return None
 
+    def _solved(self) -> bool:
+        """Solved: the mean of the last 100 training episodes reached the threshold, and the
+        policy of that moment, played for :data:`CHECK_EPISODES` episodes here, reaches it too.
+
+        Training returns lag the policy: an asynchronous run can reach the threshold on
+        episodes begun by earlier, better weights while the current ones have drifted off, and
+        then it would save a policy that does not play as well as "solved" says. The policy is
+        copied, played with sampled actions as in training, and the copy is what the final
+        checkpoint keeps. One that falls short is logged, and training goes on; the next check
+        waits for another ``2 * CHECK_EPISODES`` training episodes.
+        """
+        stats = self.stats
+        if stats.solved() or not stats.reached() or stats.episodes < self._verify_after:
+            return stats.solved()
+        self._verify_after = stats.episodes + 2 * CHECK_EPISODES
+        act = getattr(self.job.model, "act", None)
+        if not callable(act):  # nothing to play it with: the training returns decide alone
+            stats.mark_solved()
+            return True
+        if self._player is None:
+            env = make_env(self.pm, self.info.run.env, seed=self.info.run.seed)
+            self._player = (copy.deepcopy(self.job.model), env)
+        model, env = self._player
+        model.load_state_dict(self.job.model.state_dict())
+        seed = self.info.run.seed + stats.episodes
+        with torch.random.fork_rng(devices=[]), torch.no_grad():
+            torch.manual_seed(seed)
+            returns, _ = play_episodes(env, model.act, CHECK_EPISODES, False, seed)
+        mean = sum(returns) / len(returns)
+        threshold = self.info.reward_threshold
+        record = {"event": "policy-check", "mean_return": mean, "check_episodes": CHECK_EPISODES}
+        if mean >= threshold:
+            self._solved_weights = {k: v.clone() for k, v in model.state_dict().items()}
+            stats.mark_solved()
+            self._emit([{**self._main_record(), **record}])
+        else:
+            message = (
+                f"the mean of the last 100 episodes reached {threshold:g}, but the policy now "
+                f"plays {mean:.1f} over {CHECK_EPISODES} episodes; training goes on"
+            )
+            self.on_event({**self._main_record(), **record, "message": message})
+        return stats.solved()
+
     def on_stop(self, per_slot_steps: Sequence[int]) -> None:
         self.stats.set_steps(per_slot_steps)
+        if self._solved_weights is not None:  # every child has stopped: nothing writes it now
+            self.job.model.load_state_dict(self._solved_weights)
+        if self._player is not None:
+            self._player[1].close()
         self.checkpoint()
 
     def checkpoint(self) -> Path | None:

@@ -67,12 +67,14 @@ class RunStats:
             "returns": list(self.returns),
             "best_return": self.best_return,
             "wall_s": self.wall_s,
+            "solved": self._solved,
         }
 
     def restore(self, state: Mapping[str, Any]) -> None:
         self.episodes = int(state["episodes"])
         self.returns.extend(float(r) for r in state["returns"])
         self.best_return = float(state["best_return"])
+        self._solved = bool(state.get("solved", self.reached()))  # older checkpoints: reached
         self.start = time.monotonic() - float(state["wall_s"])
         self._rate_mark = (time.monotonic(), -1)  # set by the first set_steps
 
@@ -114,15 +116,21 @@ class RunStats:
             self._moved = [now if c != b else m for c, b, m in pairs]
             self._worker_mark = (now, counts)
 
-    def solved(self) -> bool:
-        """The mean return of the last 100 episodes reached the env's reward threshold (at some
-        point: episodes that arrive while the run stops do not undo it)."""
-        self._solved = self._solved or (
+    def reached(self) -> bool:
+        """The mean return of the last 100 episodes is at the env's reward threshold now."""
+        return (
             self.threshold is not None
             and len(self.returns) == WINDOW
             and self.mean_return_100 >= self.threshold
         )
+
+    def solved(self) -> bool:
+        """The run was found solved (:meth:`mark_solved`); episodes that arrive while it stops
+        do not undo it."""
         return self._solved
+
+    def mark_solved(self) -> None:
+        self._solved = True
 
     def snapshot(self) -> Snapshot:
         return Snapshot(

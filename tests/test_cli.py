@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import re
@@ -12,7 +13,16 @@ import time
 import pytest
 import torch
 
-from tests.conftest import alive, child_pids, cli, cli_here, comm, running, wait_for_metrics
+from tests.conftest import (
+    alive,
+    child_pids,
+    cli,
+    cli_here,
+    comm,
+    read_metrics,
+    running,
+    wait_for_metrics,
+)
 
 
 @pytest.mark.parametrize(
@@ -151,6 +161,36 @@ def test_sigterm_to_the_whole_process_group_is_a_clean_stop(installed, tmp_path)
     assert proc.returncode == 143, stderr
     assert "shared state not saved" not in stderr  # the Manager server waits for the main
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "interrupted"
+
+
+def _ledge_run(run_dir, play_action: int) -> tuple[dict, list[dict], str]:
+    """probe on Ledge-v0: its workers always walk to the end of the ledge (return 10, the
+    threshold); its model's act() plays ``play_action`` (1: steps off, return 0)."""
+    proc = cli("run", "--plugin", "probe", "--env", "Ledge-v0", "--workers", "1",
+               "--set", "train_action=0", "--set", f"play_action={play_action}",
+               "--set", "step_sleep=0.001", "--total-steps", "2000",
+               "--run-dir", str(run_dir), "--quiet")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    return summary, read_metrics(run_dir), proc.stdout + proc.stderr
+
+
+def test_a_run_is_solved_only_once_its_policy_plays_at_the_threshold_too(installed, tmp_path):
+    summary, records, output = _ledge_run(tmp_path / "falls", play_action=1)
+    assert not summary["solved"] and summary["stop_reason"] == "total steps reached"
+    checks = [r for r in records if r.get("event") == "policy-check"]
+    assert checks and all(c["mean_return"] == 0.0 for c in checks)
+    assert "the policy now plays 0.0 over 10 episodes; training goes on" in output
+    counts = [c["episodes"] for c in checks]  # one check per 20 training episodes at most
+    assert counts[0] >= 100 and all(b - a >= 20 for a, b in itertools.pairwise(counts))
+
+    summary, records, _ = _ledge_run(tmp_path / "walks", play_action=0)
+    assert summary["solved"] and summary["stop_reason"] == "solved"
+    events = [r for r in records if r.get("event") in ("policy-check", "solved")]
+    assert [(r["event"], r.get("mean_return")) for r in events] == [
+        ("policy-check", 10.0),
+        ("solved", None),
+    ]
 
 
 @pytest.mark.slow

@@ -5,16 +5,25 @@ from __future__ import annotations
 from mprl.stats import RunStats
 
 
-def test_solved_latches_once_the_window_mean_reaches_the_threshold():
+def test_reached_follows_the_window_mean_and_solved_latches_once_marked():
     stats = RunStats(threshold=10.0, total_steps=None)
     for _ in range(99):
         stats.add({"episode_return": 20.0})
-    assert not stats.solved()  # fewer than 100 episodes
+    assert not stats.reached()  # fewer than 100 episodes
     stats.add({"episode_return": 20.0})
-    assert stats.solved()
+    assert stats.reached() and not stats.solved()  # solved: once the runner checked the policy
+    stats.mark_solved()
     for _ in range(100):  # episodes that arrive while the run stops do not undo it
         stats.add({"episode_return": 0.0})
-    assert stats.mean_return_100 == 0.0 and stats.solved()
+    assert stats.mean_return_100 == 0.0 and not stats.reached() and stats.solved()
+    again = RunStats(threshold=10.0, total_steps=None)
+    again.restore(stats.state())
+    assert again.solved()
+    older = stats.state()
+    del older["solved"]  # a checkpoint from before the check: solved when it had reached
+    again = RunStats(threshold=10.0, total_steps=None)
+    again.restore(older)
+    assert not again.solved()
 
 
 def test_state_round_trips_counters_and_window():

@@ -43,6 +43,22 @@ class Corridor(gym.Env):
         return obs, 1.0, self.pos >= self.length, False, {}
 
 
+class Ledge(Corridor):
+    """The corridor with a ledge beside it: action 1 steps off it, which ends the episode with
+    no reward; walking on to the end (10 steps) scores the env's reward threshold, 10."""
+
+    def __init__(self, render_mode: str | None = None) -> None:
+        super().__init__()
+
+    def step(self, action):
+        if action == 1:
+            return np.array([self.pos / self.length], dtype=np.float32), 0.0, True, False, {}
+        return super().step(action)
+
+
+gym.register("Ledge-v0", entry_point=Ledge, reward_threshold=10.0, max_episode_steps=50)
+
+
 class Switches(Corridor):
     """Same corridor, but a MultiBinary action space no built-in algorithm supports."""
 
@@ -77,6 +93,10 @@ class ProbeConfig:
     )
     step_sleep: float = attrs.field(default=0.0, metadata={"help": "seconds to sleep per step"})
     model_tensors: int = attrs.field(default=1, metadata={"help": "extra parameter tensors"})
+    train_action: int = attrs.field(default=-1, metadata={"help": "workers' action (-1: random)"})
+    play_action: int = attrs.field(
+        default=-1, metadata={"help": "the action the model's act() plays (-1: it has no act)"}
+    )
 
 
 def inject(ctx: mprl.Context, fault: str) -> None:
@@ -117,8 +137,22 @@ class ProbeModel(torch.nn.Module):
         return self.linear(x)
 
 
+class PlayingProbeModel(ProbeModel):
+    """A ProbeModel with the ``act`` that ``mprl eval`` and the solved check play with."""
+
+    def __init__(self, n_in: int, extra: int, action: int) -> None:
+        super().__init__(n_in, extra)
+        self.action = action
+
+    def act(self, obs: torch.Tensor, deterministic: bool) -> list[int]:
+        return [self.action] * obs.shape[0]
+
+
 def make_model(obs_space, act_space, config):
-    return ProbeModel(int(np.prod(obs_space.shape)), config.model_tensors)
+    n_in = int(np.prod(obs_space.shape))
+    if config.play_action < 0:
+        return ProbeModel(n_in, config.model_tensors)
+    return PlayingProbeModel(n_in, config.model_tensors, config.play_action)
 
 
 def make_optimizer(params, config):
@@ -159,7 +193,8 @@ def probe_worker(ctx: mprl.Context) -> None:
     while not ctx.should_stop():
         if faulty and steps == ctx.config.fault_at_step and ctx.config.fault != "ignore_stop":
             inject(ctx, ctx.config.fault)
-        obs, r, term, trunc, _ = env.step(env.action_space.sample())
+        action = ctx.config.train_action
+        obs, r, term, trunc, _ = env.step(action if action >= 0 else env.action_space.sample())
         ret, length, steps = ret + r, length + 1, steps + 1
         ctx.add_steps(1)
         ctx.state.seen[ctx.rank] += 1
