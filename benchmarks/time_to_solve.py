@@ -85,6 +85,8 @@ SOLVE_ENV = "CartPole-v1"
 BUDGET_ENV = "Pendulum-v1"
 SOLVE_THRESHOLD = 475.0
 WINDOW = 100  # episodes in the "mean of the last N" that decides and is reported
+#: Seconds a run stopped at its cap (SIGINT) gets to exit cleanly before SIGKILL.
+STOP_GRACE_S = 20.0
 #: Extra seconds the SB3 subprocess gets beyond the cap for imports/construction.
 SB3_STARTUP_SLACK_S = 60.0
 CURVE_POINTS = 300  # learning-curve points kept per run in the JSON
@@ -307,10 +309,12 @@ def _run(
     cmd: list[str], timeout_s: float, until: Callable[[], bool] | None = None
 ) -> tuple[int | None, str, str, float]:
     """Run ``cmd`` in its own process group. SIGINT it once ``until()`` is true (looked at
-    twice a second); SIGKILL the whole group at the timeout.
+    twice a second) or at the timeout; SIGKILL the whole group if it is still there
+    :data:`STOP_GRACE_S` after the timeout (a SIGKILL at once would also kill multiprocessing's
+    resource tracker and leave the run's semaphores in /dev/shm).
 
     Returns:
-        ``(returncode or None if killed, stdout, stderr, wall seconds)``.
+        ``(returncode, or None if stopped at the timeout, stdout, stderr, wall seconds)``.
     """
     t0 = time.perf_counter()
     proc = subprocess.Popen(
@@ -323,14 +327,18 @@ def _run(
         start_new_session=True,
     )
     deadline = t0 + timeout_s
-    interrupted = False
+    interrupted = capped = False
     while True:
         try:
             out, err = proc.communicate(timeout=0.5)
-            return proc.returncode, out, err, time.perf_counter() - t0
+            return None if capped else proc.returncode, out, err, time.perf_counter() - t0
         except subprocess.TimeoutExpired:
             pass
-        if time.perf_counter() >= deadline:
+        if time.perf_counter() >= deadline and not capped:
+            proc.send_signal(signal.SIGINT)
+            interrupted = capped = True
+            deadline += STOP_GRACE_S
+        elif time.perf_counter() >= deadline:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             out, err = proc.communicate()
@@ -426,7 +434,7 @@ def run_mprl(
     if rc is None:
         record.capped = True
         record.solved = False
-        record.error = "killed at cap"
+        record.error = "stopped at cap"
     elif not ok:
         record.solved = False
         record.error = f"exit {rc}: {_tail(err) or _tail(out)}"

@@ -56,7 +56,8 @@ class Ledge(Corridor):
         return super().step(action)
 
 
-gym.register("Ledge-v0", entry_point=Ledge, reward_threshold=10.0, max_episode_steps=50)
+if "Ledge-v0" not in gym.registry:  # this module may be imported twice in one process
+    gym.register("Ledge-v0", entry_point=Ledge, reward_threshold=10.0, max_episode_steps=50)
 
 
 class Switches(Corridor):
