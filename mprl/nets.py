@@ -113,11 +113,8 @@ class ActorCriticConfig:
     max_grad_norm: float = attrs.field(
         default=0.5, validator=v.gt(0.0), metadata=field_help("gradient norm clip per update")
     )
-    # Off by default: once a policy solves CartPole every return is the same and every
-    # advantage is noise, and normalising that noise to unit size makes the policy drift off
-    # again (see README, "Advantage normalisation").
     normalize_advantages: bool = attrs.field(
-        default=False, metadata=field_help("normalise advantages within each update")
+        default=True, metadata=field_help("normalise advantages within each update")
     )
     hidden: tuple[int, ...] = attrs.field(
         default=(64, 64),

@@ -53,9 +53,6 @@ class PPOConfig(ActorCriticConfig):
     entropy_coef: float = attrs.field(
         default=0.0, validator=v.ge(0.0), metadata=field_help("weight of the entropy bonus")
     )
-    normalize_advantages: bool = attrs.field(  # per minibatch; the clip bounds each step
-        default=True, metadata=field_help("normalise advantages within each update")
-    )
     anneal_steps: int = attrs.field(
         default=150_000,
         validator=v.ge(0),
