@@ -278,7 +278,7 @@ class _RunMonitor:
         self._last_checkpoint = time.monotonic()
         self._solved_logged = self.stats.solved()  # a resumed run solved before: logged then
         self.state: SharedState | None = None
-        self._verify_after = 0  # episodes: the next check of the policy waits for this many
+        self._check_after = 0  # episodes: the next check of the policy waits for this many
         self._player: Any = None  # (model copy, env) that play the policy in the main process
         self._solved_weights: dict[str, torch.Tensor] | None = None
 
@@ -342,9 +342,9 @@ class _RunMonitor:
         waits for another ``2 * CHECK_EPISODES`` training episodes.
         """
         stats = self.stats
-        if stats.solved() or not stats.reached() or stats.episodes < self._verify_after:
+        if stats.solved() or not stats.reached() or stats.episodes < self._check_after:
             return stats.solved()
-        self._verify_after = stats.episodes + 2 * CHECK_EPISODES
+        self._check_after = stats.episodes + 2 * CHECK_EPISODES
         act = getattr(self.job.model, "act", None)
         if not callable(act):  # nothing to play it with: the training returns decide alone
             stats.mark_solved()
