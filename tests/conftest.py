@@ -114,8 +114,12 @@ def running(args: list[str], **kw: Any) -> Iterator[subprocess.Popen[str]]:
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    """The whole records of a run's ``metrics.jsonl``; a line the run is still writing (one
+    with no newline yet: a large batch of records reaches the file in more than one write) is
+    left for the next read."""
     path = run_dir / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    text = path.read_text() if path.exists() else ""
+    return [json.loads(line) for line in text[: text.rfind("\n") + 1].splitlines()]
 
 
 def wait_for_metrics(run_dir: Path, until: Any = None, timeout: float = 60) -> list[dict]:

@@ -201,7 +201,7 @@ def test_built_in_defaults_solve_cartpole(tmp_path, plugin):
     assert proc.returncode == 0, proc.stderr
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["solved"] and summary["stop_reason"] == "solved"
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    records = read_metrics(run_dir)
     (solved,) = [r for r in records if r.get("event") == "solved"]
     assert solved["mean_return_100"] >= 475
     episodes = [r for r in records if "episode_return" in r][: solved["episodes"]]
