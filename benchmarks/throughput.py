@@ -22,7 +22,11 @@ of the same length, ``--pairs`` times. The ratio reported is the median of the p
 
 The denominator assumes the cores scale linearly, so the machine's own bound is measured too:
 ``cores`` bare processes stepping side by side, as a ratio of ``cores * ceiling`` (no
-framework, no learner, no main process). The learning rate is set tiny so the policy stays
+framework, no learner, no main process). So is the learner's: its capacity alone (samples/s of
+one thread running impala's update on batches of the run's shape) against the ceiling gives the
+highest ratio reachable once the learner's CPU comes out of the same cores (see
+:func:`learner_bound`; with as many workers as cores, ``k / (1 + k)`` for ``k = capacity /
+ceiling``). The learning rate is set tiny so the policy stays
 close to random in both (episode lengths, hence reset costs, match) and the run never stops by
 solving. Also reported: learner updates/s (paused time left out) and mean policy staleness
 (learner version minus the version a rollout was collected with). Writes JSON, and a PNG when
@@ -33,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import multiprocessing
 import os
 import shutil
@@ -49,7 +54,9 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from mprl.nets import ActorCritic
+from mprl import config
+from mprl.nets import ActorCritic, make_model, make_optimizer, rollout_spec
+from mprl_impala.algorithm import ImpalaConfig, update
 
 ENV = "CartPole-v1"
 
@@ -82,6 +89,48 @@ def ceiling(n_envs: int, seconds: float, seed: int = 0) -> float:
     for env in envs:
         env.close()
     return rate
+
+
+def learner_capacity(cfg: ImpalaConfig, seconds: float, seed: int = 0) -> float:
+    """Samples/s of impala's learner alone (:func:`mprl_impala.algorithm.update`, one thread)
+    on batches shaped as ``cfg`` makes them: what the train process needs per env step."""
+    torch.set_num_threads(1)
+    torch.manual_seed(seed)
+    env = gym.make(ENV)
+    model = make_model(env.observation_space, env.action_space, cfg)
+    optimizer = make_optimizer(model.parameters(), cfg)
+    spec = rollout_spec(env.observation_space, env.action_space, cfg.unroll, cfg.envs_per_worker)
+    batch = {name: torch.zeros(shape[0], cfg.batch_rollouts, *shape[1:], dtype=dtype)
+             for name, (shape, dtype) in spec.items()}  # fmt: skip
+    batch["obs"].uniform_(-0.05, 0.05)  # CartPole's start states
+    batch["action"].random_(0, 2)
+    batch["logp"].fill_(-math.log(2))
+    batch["reward"].fill_(1.0)
+    update(model, optimizer, cfg, batch)  # the first update allocates Adam's state
+    updates, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        update(model, optimizer, cfg, batch)
+        updates += 1
+    env.close()
+    return (
+        updates
+        * cfg.unroll
+        * cfg.batch_rollouts
+        * cfg.envs_per_worker
+        / (time.perf_counter() - start)
+    )
+
+
+def learner_bound(workers: int, cores: int, capacity_per_ceiling: float) -> float:
+    """The highest ratio reachable when the learner's CPU comes out of the same cores.
+
+    At ``R`` steps/s the workers need at least ``R / C`` cores (the ceiling's ``C`` steps/s per
+    core) and the learner ``R / L`` (its capacity ``L``), so ``R <= cores / (1/C + 1/L)``, and
+    no worker steps faster than ``C``. With ``k = L / C``, as a ratio of ``min(W, cores) * C``:
+    ``min(1, cores / min(W, cores) * k / (1 + k))`` (the main process and the OS not counted).
+    """
+    k = capacity_per_ceiling
+    return min(1.0, cores / min(workers, cores) * k / (1 + k))
 
 
 def _ceiling_from(start_at: float, n_envs: int, seconds: float) -> float:
@@ -204,13 +253,18 @@ def main() -> None:
         help="an impala config field for the framework runs (repeatable)",
     )  # fmt: skip
     args = parser.parse_args()
+    sets = config.parse_assignments(args.sets)
     cores = os.cpu_count() or 1
-    bare = {}
+    bare, capacity = {}, {}
     for n_envs in args.envs:
         before = ceiling(n_envs, args.window_s)
         together = side_by_side(cores, n_envs, args.window_s)
+        learner = learner_capacity(
+            config.build(ImpalaConfig, {**sets, "envs_per_worker": n_envs}), args.window_s
+        )
         alone = (before + ceiling(n_envs, args.window_s)) / 2  # around it: the speed drifts
         bare[n_envs] = together / (cores * alone)
+        capacity[n_envs] = learner / alone
     rows = []
     for n_envs in args.envs:
         for workers in args.workers:
@@ -229,28 +283,34 @@ def main() -> None:
                 "ratio_max": round(max(ratios), 3),
                 "learner_updates_per_s": round(fw["learner_updates_per_s"], 1),
                 "staleness": round(fw["staleness"], 2),
+                "learner_bound": round(learner_bound(workers, cores, capacity[n_envs]), 3),
             }
             rows.append(row)
             print(json.dumps(row), flush=True)
     print(f"\n{cores} cores; ratio = framework / (min(workers, cores) * ceiling)")
     head = ("workers", "envs/worker", "ceiling steps/s", "framework steps/s", "ratio")
-    print("| " + " | ".join((*head, "ratio min-max", "updates/s", "staleness")) + " |")
-    print("|---|---|---|---|---|---|---|---|")
+    tail = ("ratio min-max", "learner bound", "updates/s", "staleness")
+    print("| " + " | ".join((*head, *tail)) + " |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(
             f"| {r['workers']} | {r['envs_per_worker']} | {r['ceiling_steps_per_s']:,.0f} | "
             f"{r['framework_steps_per_s']:,.0f} | {r['ratio']:.2f} | "
-            f"{r['ratio_min']:.2f}-{r['ratio_max']:.2f} | "
+            f"{r['ratio_min']:.2f}-{r['ratio_max']:.2f} | {r['learner_bound']:.2f} | "
             f"{r['learner_updates_per_s']:.1f} | {r['staleness']:.2f} |"
         )
     print(f"\nthe machine's own bound: {cores} bare processes side by side")
     for n_envs, ratio in bare.items():
         print(f"- E={n_envs}: {ratio:.2f} of {cores} x ceiling")
+    print("the learner alone (one thread), samples/s per ceiling step/s:")
+    for n_envs, k in capacity.items():
+        print(f"- E={n_envs}: {k:.2f}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     result = {
         "cores": cores,
         "rows": rows,
         "bare_side_by_side_ratio": {str(n): round(r, 3) for n, r in bare.items()},
+        "learner_capacity_per_ceiling": {str(n): round(k, 3) for n, k in capacity.items()},
     }
     args.out.with_suffix(".json").write_text(json.dumps(result, indent=2))
     plot(rows, args.out.with_suffix(".png"))

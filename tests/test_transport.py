@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing as mp
 import pstats
@@ -9,11 +10,13 @@ import signal
 import threading
 import time
 
+import gymnasium as gym
 import pytest
 import torch
 
-from mprl.transport import Rollouts, Weights
-from mprl_impala.algorithm import COUNT_EVERY_S, ImpalaConfig, vtrace
+from mprl.nets import make_model, make_optimizer
+from mprl.transport import FULL, Rollouts, Weights
+from mprl_impala.algorithm import COUNT_EVERY_S, ImpalaConfig, update, vtrace
 from tests.conftest import (
     cli,
     kill_worker_and_wait_for_restart,
@@ -154,8 +157,11 @@ def test_blocked_producers_return_when_stopped_with_full_slots():
     producers = [SPAWN.Process(target=produce, args=(rollouts, r, 100, stop)) for r in range(2)]
     for proc in producers:
         proc.start()
-    time.sleep(3)
-    assert all(proc.is_alive() for proc in producers)
+    deadline = time.monotonic() + 60  # a cold start imports torch slowly
+    while not (rollouts._state_np == FULL).all() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(0.5)  # the producers are waiting for their slots now
+    assert (rollouts._state_np == FULL).all() and all(proc.is_alive() for proc in producers)
     start = time.monotonic()
     stop.set()
     for proc in producers:
@@ -168,6 +174,7 @@ def test_blocked_producers_return_when_stopped_with_full_slots():
 def read_weights(weights: Weights, shared: torch.nn.Module, out, stop) -> None:
     local = torch.nn.Linear(64, 64)
     have, torn, versions = -1, 0, []
+    out.put("reading")
     while not stop.is_set():
         have = weights.pull(shared, local, have)
         values = torch.cat([p.detach().flatten() for p in local.parameters()])
@@ -188,7 +195,7 @@ def test_weights_reach_readers_whole_with_increasing_versions():
     weights, out, stop = Weights(), SPAWN.Queue(), SPAWN.Event()
     reader = SPAWN.Process(target=read_weights, args=(weights, shared, out, stop))
     reader.start()
-    time.sleep(2)  # the reader is up
+    assert out.get(timeout=60) == "reading"  # not a fixed sleep: a cold start imports slowly
     for version in range(1, 3001):
         with weights.writing(), torch.no_grad():
             for p in shared.parameters():
@@ -266,6 +273,52 @@ def test_vtrace_matches_the_paper_and_on_policy_returns():
     assert torch.allclose(vs, returns, atol=1e-5)
     next_vs = torch.cat([vs[1:], bootstrap.unsqueeze(0)])
     assert torch.allclose(adv, rewards + discounts * next_vs - values, atol=1e-5)
+
+
+def test_impala_update_learns_the_rewarded_action_and_steps_inside_writing():
+    # a batch laid out as take_batch gives it ([T, B, E, ...]), collected on-policy: action 0
+    # earns 1, action 1 nothing, and no episode ends
+    cfg = ImpalaConfig(unroll=8, envs_per_worker=4, batch_rollouts=2, entropy_coef=0.0, lr=1e-2)
+    obs_space = gym.spaces.Box(-1.0, 1.0, (3,))
+    torch.manual_seed(0)
+    model = make_model(obs_space, gym.spaces.Discrete(2), cfg)
+    optimizer = make_optimizer(model.parameters(), cfg)
+    obs = torch.rand(cfg.unroll + 1, cfg.batch_rollouts, cfg.envs_per_worker, 3) * 2 - 1
+
+    def p_rewarded() -> float:
+        with torch.no_grad():
+            return float(torch.softmax(model.pi(obs), -1)[..., 0].mean())
+
+    def weights() -> list[torch.Tensor]:
+        return [p.detach().clone() for p in model.parameters()]
+
+    steps: list[bool] = []  # per update: the weights changed inside writing(), and only there
+    published = weights()
+
+    @contextlib.contextmanager
+    def writing():
+        nonlocal published
+        before = weights()
+        yield
+        unchanged = all(map(torch.equal, published, before))
+        published = weights()
+        steps.append(unchanged and not all(map(torch.equal, before, published)))
+
+    start = p_rewarded()
+    for _ in range(30):
+        with torch.no_grad():
+            out = model.pi(obs[:-1].flatten(0, 2))
+        actions = model.sample(out)
+        logp, _ = model.log_prob_entropy(out, actions)
+        actions, logp = actions.view(obs[:-1].shape[:3]), logp.view(obs[:-1].shape[:3])
+        batch = {
+            "obs": obs, "action": actions, "logp": logp, "reward": (actions == 0).float(),
+            "done": torch.zeros_like(logp),
+        }  # fmt: skip
+        stats = update(model, optimizer, cfg, batch, writing)
+        assert set(stats) == {"policy_loss", "value_loss", "entropy", "grad_norm"}
+    assert steps == [True] * 30
+    assert 0.4 < start < 0.6 and p_rewarded() > 0.9
 
 
 @pytest.mark.parametrize("env", ["CartPole-v1", "Pendulum-v1"])

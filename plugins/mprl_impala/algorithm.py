@@ -3,9 +3,10 @@ V-trace (Espeholt et al. 2018) and publishes weights back."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
@@ -136,6 +137,51 @@ def vtrace(
     return vs, advantages
 
 
+def update(
+    model: ActorCritic,
+    optimizer: torch.optim.Optimizer,
+    cfg: ImpalaConfig,
+    batch: Mapping[str, torch.Tensor],
+    writing: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
+) -> dict[str, torch.Tensor]:
+    """One V-trace update of ``model`` from ``batch`` (:meth:`Rollouts.take_batch`'s
+    ``[T, B, E, ...]`` fields); the optimizer step runs inside ``writing()`` (the learner
+    passes :meth:`Weights.writing`). Returns the losses, the entropy and the gradient norm."""
+    obs = batch["obs"].flatten(1, 2)  # [T + 1, B * E, ...]
+    actions = batch["action"].flatten(1, 2)
+    t_len, n = actions.shape[:2]
+    out, values = model(obs.flatten(0, 1))
+    out, values = out.view(t_len + 1, n, -1), values.view(t_len + 1, n)
+    logp, entropy = model.log_prob_entropy(out[:-1], actions)
+    discounts = cfg.gamma * (1.0 - batch["done"].flatten(1, 2))
+    vs, advantages = vtrace(
+        logp.detach() - batch["logp"].flatten(1, 2),
+        discounts,
+        batch["reward"].flatten(1, 2),
+        values[:-1].detach(),
+        values[-1].detach(),
+        cfg.rho_bar,
+        cfg.c_bar,
+    )
+    if cfg.normalize_advantages and advantages.numel() > 1:
+        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+    policy_loss = -(logp * advantages).mean()
+    value_loss = 0.5 * (vs - values[:-1]).pow(2).mean()
+    entropy_mean = entropy.mean()
+    loss = policy_loss + cfg.value_coef * value_loss - cfg.entropy_coef * entropy_mean
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    grad_norm = nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+    with writing():
+        optimizer.step()
+    return {
+        "policy_loss": policy_loss.detach(),
+        "value_loss": value_loss.detach(),
+        "entropy": entropy_mean.detach(),
+        "grad_norm": grad_norm,
+    }
+
+
 def train(ctx: mprl.Context) -> None:
     """Learn from batches of rollouts with V-trace; publish every update to the workers."""
     cfg: ImpalaConfig = ctx.config
@@ -147,42 +193,11 @@ def train(ctx: mprl.Context) -> None:
     last_log, updates_at_log = time.monotonic(), 0
     staleness: list[float] = []
     while (batch := rollouts.take_batch(cfg.batch_rollouts, ctx.should_stop)) is not None:
-        obs = batch["obs"].flatten(1, 2)  # [T + 1, B * E, ...]
-        actions = batch["action"].flatten(1, 2)
-        t_len, n = actions.shape[:2]
-        out, values = model(obs.flatten(0, 1))
-        out, values = out.view(t_len + 1, n, -1), values.view(t_len + 1, n)
-        logp, entropy = model.log_prob_entropy(out[:-1], actions)
-        discounts = cfg.gamma * (1.0 - batch["done"].flatten(1, 2))
-        vs, advantages = vtrace(
-            logp.detach() - batch["logp"].flatten(1, 2),
-            discounts,
-            batch["reward"].flatten(1, 2),
-            values[:-1].detach(),
-            values[-1].detach(),
-            cfg.rho_bar,
-            cfg.c_bar,
-        )
-        if cfg.normalize_advantages and advantages.numel() > 1:
-            advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
-        policy_loss = -(logp * advantages).mean()
-        value_loss = 0.5 * (vs - values[:-1]).pow(2).mean()
-        entropy_mean = entropy.mean()
-        loss = policy_loss + cfg.value_coef * value_loss - cfg.entropy_coef * entropy_mean
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
-        with weights.writing():
-            optimizer.step()
+        stats = update(model, optimizer, cfg, batch, weights.writing)
         staleness.append(float(weights.version - 1 - batch["version"].float().mean()))
         now = time.monotonic()
         if now - last_log >= LOG_EVERY_S:
-            report = {
-                "policy_loss": policy_loss.item(),
-                "value_loss": value_loss.item(),
-                "entropy": entropy_mean.item(),
-                "grad_norm": float(grad_norm),
-            }
+            report = {name: float(value) for name, value in stats.items()}
             _log_rates(ctx, report, weights.version, updates_at_log, now - last_log, staleness)
             last_log, updates_at_log, staleness = now, weights.version, []
     if staleness:  # the last stretch, so short runs report too
