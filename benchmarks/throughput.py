@@ -106,19 +106,14 @@ def learner_capacity(cfg: ImpalaConfig, seconds: float, seed: int = 0) -> float:
     batch["action"].random_(0, 2)
     batch["logp"].fill_(-math.log(2))
     batch["reward"].fill_(1.0)
+    samples = cfg.unroll * cfg.batch_rollouts * cfg.envs_per_worker  # per update
     update(model, optimizer, cfg, batch)  # the first update allocates Adam's state
     updates, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
         update(model, optimizer, cfg, batch)
         updates += 1
     env.close()
-    return (
-        updates
-        * cfg.unroll
-        * cfg.batch_rollouts
-        * cfg.envs_per_worker
-        / (time.perf_counter() - start)
-    )
+    return updates * samples / (time.perf_counter() - start)
 
 
 def learner_bound(workers: int, cores: int, capacity_per_ceiling: float) -> float:
