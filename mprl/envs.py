@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import gymnasium as gym
@@ -46,26 +46,38 @@ def make_env(
 
 
 def play_episodes(
-    env: gym.Env,
+    envs: Sequence[gym.Env],
     act: Callable[[torch.Tensor, bool], Any],
     episodes: int,
     deterministic: bool,
     seed: int,
 ) -> tuple[list[float], list[int]]:
     """Play ``episodes`` whole episodes with ``act(obs_batch, deterministic) -> actions`` (a
-    model's ``act``); episode ``i`` is reset with a seed derived from ``seed`` and ``i``.
-    Returns each episode's return and length."""
-    returns, lengths = [], []
-    for i in range(episodes):
-        obs, _ = env.reset(seed=derive_seed(seed, i))
-        total, length, done = 0.0, 0, False
-        while not done:
-            batch = torch.as_tensor(np.asarray(obs, dtype=np.float32)).unsqueeze(0)
-            action = act(batch, deterministic)[0]
-            obs, reward, terminated, truncated, _ = env.step(action)
-            total += float(reward)
-            length += 1
-            done = terminated or truncated
-        returns.append(total)
-        lengths.append(length)
+    model's ``act``), the ``envs`` stepped together with one batched ``act`` per step; each
+    env starts the next unplayed episode when its own ends. Episode ``i`` is reset with a seed
+    derived from ``seed`` and ``i``. Returns each episode's return and length, in episode order.
+    """
+    returns, lengths = [0.0] * episodes, [0] * episodes
+    playing: list[int | None] = [None] * len(envs)  # the episode each env is in
+    obs: list[Any] = [None] * len(envs)
+    started = 0
+
+    def start(j: int) -> None:
+        nonlocal started
+        playing[j] = started if started < episodes else None
+        if playing[j] is not None:
+            obs[j], _ = envs[j].reset(seed=derive_seed(seed, started))
+            started += 1
+
+    for j in range(len(envs)):
+        start(j)
+    while active := [j for j, episode in enumerate(playing) if episode is not None]:
+        batch = torch.as_tensor(np.stack([np.asarray(obs[j], dtype=np.float32) for j in active]))
+        for j, action in zip(active, act(batch, deterministic), strict=True):
+            obs[j], reward, terminated, truncated, _ = envs[j].step(action)
+            episode = playing[j]
+            returns[episode] += float(reward)
+            lengths[episode] += 1
+            if terminated or truncated:
+                start(j)
     return returns, lengths

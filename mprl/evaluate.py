@@ -83,7 +83,7 @@ def evaluate(
         with torch.random.fork_rng(devices=[]):  # sampled actions repeat for a seed
             torch.manual_seed(seed)
             try:
-                returns, lengths = play_episodes(env, act, episodes, deterministic, seed)
+                returns, lengths = play_episodes([env], act, episodes, deterministic, seed)
             except gym.error.DependencyNotInstalled as exc:  # rendering needs e.g. pygame
                 raise UsageError(f"--video: {run_cfg.env} cannot render frames: {exc}") from None
     finally:

@@ -5,8 +5,12 @@ from __future__ import annotations
 import json
 import os
 
+import numpy as np
 import pytest
+import torch
 
+from mprl.envs import make_env, play_episodes
+from mprl.plugins import get_plugin_manager
 from tests.conftest import cli
 
 
@@ -48,6 +52,27 @@ def test_eval_is_repeatable_for_a_seed_and_plays_box_actions(tmp_path):
     assert first["returns"] != other["returns"]
     assert first["env"] == "Pendulum-v1" and first["algorithm"] == "ppo"
     assert first["deterministic"] is False and first["env_steps_trained"] >= 4000
+
+
+def test_episodes_played_side_by_side_are_the_episodes_played_one_by_one():
+    # a policy that depends on each observation alone: how the episodes are spread over envs
+    # and batched must not change any episode (the run's policy check plays 10 envs at once)
+    def act(obs: torch.Tensor, deterministic: bool) -> np.ndarray:
+        assert deterministic and obs.shape[1:] == (4,)
+        return (obs[:, 3] > 0).long().numpy()  # episodes of 140-270 steps
+
+    pm = get_plugin_manager()
+    played = []
+    for n_envs in (1, 3, 7):
+        envs = [make_env(pm, "CartPole-v1", index=i) for i in range(n_envs)]
+        played.append(play_episodes(envs, act, 7, True, seed=5))
+        for env in envs:
+            env.close()
+    one_by_one, *together = played
+    assert all(result == one_by_one for result in together)
+    returns, lengths = one_by_one
+    assert returns == [float(n) for n in lengths] and len(set(lengths)) > 1  # 7 episodes
+    assert play_episodes([make_env(pm, "CartPole-v1")], act, 7, True, seed=6) != one_by_one
 
 
 def test_eval_refuses_bad_input_naming_it(tmp_path):
