@@ -219,6 +219,12 @@ def _cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     s = summary
     mean = "-" if s.mean_return_100 is None else f"{s.mean_return_100:.1f}"
     verdict = "solved" if s.solved else s.stop_reason
+    if s.solved_at:  # the moment it was solved: episodes kept finishing while the run stopped
+        at = s.solved_at
+        verdict = (
+            f"solved after {at['wall_s']:.1f} s, {at['env_steps']:,} env steps: "
+            f"mean return(100) {at['mean_return_100']:.1f}"
+        )
     print(
         f"mprl: {s.status} ({verdict}) after {s.wall_s:.1f} s: {s.env_steps:,} env steps, "
         f"{s.episodes:,} episodes, mean return(100) {mean}; run directory: {s.run_dir}"

@@ -139,6 +139,9 @@ class Summary:
     shutdown_s: float | None = None  # seconds from the stop signal to the last child gone
     failures: tuple[ChildFailure, ...] = ()
     signal: int | None = None
+    #: when it was found solved: ``wall_s``, ``env_steps``, ``episodes``, ``mean_return_100``
+    #: (empty for a run solved before this was kept)
+    solved_at: Mapping[str, Any] | None = None
 
     @property
     def exit_code(self) -> int:
@@ -772,6 +775,7 @@ def run(
         shutdown_s=outcome.shutdown_s,
         failures=tuple(outcome.failures),
         signal=signals.received,
+        solved_at=stats.solved_at,
     )
     rundir.write_json("summary.json", summary.to_dict())
     rundir.close()

@@ -54,7 +54,7 @@ class RunStats:
         self._rate_mark = (self.start, 0)
         self.steps_per_s = 0.0
         self.restarts = 0
-        self._solved = False
+        self.solved_at: dict[str, Any] | None = None  # the moment it was found solved
         self.workers = 0  # worker ranks: the first slots of the counters
         self.worker_rates: tuple[float, ...] = ()
         self._worker_mark: tuple[float, tuple[int, ...]] = (self.start, ())
@@ -67,14 +67,17 @@ class RunStats:
             "returns": list(self.returns),
             "best_return": self.best_return,
             "wall_s": self.wall_s,
-            "solved": self._solved,
+            "solved": self.solved(),
+            "solved_at": self.solved_at,
         }
 
     def restore(self, state: Mapping[str, Any]) -> None:
         self.episodes = int(state["episodes"])
         self.returns.extend(float(r) for r in state["returns"])
         self.best_return = float(state["best_return"])
-        self._solved = bool(state.get("solved", self.reached()))  # older checkpoints: reached
+        self.solved_at = state.get("solved_at")
+        if self.solved_at is None and state.get("solved", self.reached()):  # older checkpoints
+            self.solved_at = {}
         self.start = time.monotonic() - float(state["wall_s"])
         self._rate_mark = (time.monotonic(), -1)  # set by the first set_steps
 
@@ -127,10 +130,18 @@ class RunStats:
     def solved(self) -> bool:
         """The run was found solved (:meth:`mark_solved`); episodes that arrive while it stops
         do not undo it."""
-        return self._solved
+        return self.solved_at is not None
 
     def mark_solved(self) -> None:
-        self._solved = True
+        """Latch "solved", and keep when: ``solved_at`` holds the wall seconds, env steps,
+        episodes and mean return of the last 100 episodes of this moment (the summary's own
+        numbers also count what finished while the run stopped)."""
+        self.solved_at = {
+            "wall_s": round(self.wall_s, 3),
+            "env_steps": self.env_steps,
+            "episodes": self.episodes,
+            "mean_return_100": round(self.mean_return_100, 2),
+        }
 
     def snapshot(self) -> Snapshot:
         return Snapshot(

@@ -184,13 +184,18 @@ def test_a_run_is_solved_only_once_its_policy_plays_at_the_threshold_too(install
     counts = [c["episodes"] for c in checks]  # one check per 20 training episodes at most
     assert counts[0] >= 100 and all(b - a >= 20 for a, b in itertools.pairwise(counts))
 
-    summary, records, _ = _ledge_run(tmp_path / "walks", play_action=0)
+    summary, records, output = _ledge_run(tmp_path / "walks", play_action=0)
     assert summary["solved"] and summary["stop_reason"] == "solved"
     events = [r for r in records if r.get("event") in ("policy-check", "solved")]
     assert [(r["event"], r.get("mean_return")) for r in events] == [
         ("policy-check", 10.0),
         ("solved", None),
     ]
+    # the summary keeps the moment it was solved, apart from what finished while it stopped
+    at, solved = summary["solved_at"], events[-1]
+    assert at["episodes"] == solved["episodes"] <= summary["episodes"]
+    assert at["mean_return_100"] == 10.0 and at["env_steps"] <= summary["env_steps"]
+    assert f"(solved after {at['wall_s']:.1f} s, {at['env_steps']:,} env steps: " in output
 
 
 @pytest.mark.slow

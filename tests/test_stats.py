@@ -16,14 +16,19 @@ def test_reached_follows_the_window_mean_and_solved_latches_once_marked():
     for _ in range(100):  # episodes that arrive while the run stops do not undo it
         stats.add({"episode_return": 0.0})
     assert stats.mean_return_100 == 0.0 and not stats.reached() and stats.solved()
+    assert stats.solved_at["episodes"] == 100 and stats.solved_at["mean_return_100"] == 20.0
     again = RunStats(threshold=10.0, total_steps=None)
     again.restore(stats.state())
-    assert again.solved()
+    assert again.solved() and again.solved_at == stats.solved_at
     older = stats.state()
-    del older["solved"]  # a checkpoint from before the check: solved when it had reached
+    del older["solved"], older["solved_at"]  # before the check: solved when it had reached
     again = RunStats(threshold=10.0, total_steps=None)
     again.restore(older)
     assert not again.solved()
+    older["solved"] = True  # solved before the moment was kept
+    again = RunStats(threshold=10.0, total_steps=None)
+    again.restore(older)
+    assert again.solved() and again.solved_at == {}
 
 
 def test_state_round_trips_counters_and_window():
