@@ -54,8 +54,9 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from mprl import config
-from mprl.nets import ActorCritic, make_model, make_optimizer, rollout_spec
+from mprl.host import config
+from mprl.lib.envbatch import rollout_spec
+from mprl.lib.nets import ActorCritic, make_model, make_optimizer
 from mprl_impala.algorithm import ImpalaConfig, update
 
 ENV = "CartPole-v1"

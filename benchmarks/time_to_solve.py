@@ -173,7 +173,7 @@ class RunRecord:
 def learning_curve(episodes: list[tuple[float, float]]) -> list[list[float]]:
     """``[wall, mean of the last WINDOW returns]`` after each ``(wall, return)`` episode,
     thinned to at most ``CURVE_POINTS`` points (the last one always kept)."""
-    from mprl.report import rolling_mean
+    from mprl.tools.report import rolling_mean
 
     means = rolling_mean([ret for _, ret in episodes], WINDOW)
     points = [[round(w, 3), round(m, 2)] for (w, _), m in zip(episodes, means, strict=True)]

@@ -1,24 +1,26 @@
 """mprl: a small plug-in framework for multi-process reinforcement learning in PyTorch.
 
 Plugin authors need only what is exported here: the ``hookimpl`` marker, :class:`Algorithm`, the
-shared-state declarations in :mod:`mprl.schema`, and the :class:`Context` their functions receive.
+shared-state declarations in :mod:`mprl.schema` (with the transport protocols of
+:mod:`mprl.transport`), and the :class:`Context` their functions receive. ``mprl.run`` starts a
+run from Python; it loads the host on first use, so ``import mprl`` in a plugin or a spawned
+process loads only this author's API.
 """
 
 from __future__ import annotations
 
-import pluggy
+from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from mprl import schema
+from mprl.algorithm import Algorithm
+from mprl.context import Context
+from mprl.errors import ConfigError, MprlError, PluginError, RunFailed
+from mprl.hookspecs import NAME, hookimpl, hookspec
+from mprl.run_types import RunConfig, Summary
+from mprl.version import __version__
 
-NAME = "mprl"
-hookspec = pluggy.HookspecMarker(NAME)
-hookimpl = pluggy.HookimplMarker(NAME)
-
-from mprl import schema  # noqa: E402
-from mprl.algorithm import Algorithm  # noqa: E402
-from mprl.context import Context  # noqa: E402
-from mprl.errors import ConfigError, MprlError, PluginError, RunFailed  # noqa: E402
-from mprl.runner import RunConfig, Summary, run  # noqa: E402
+if TYPE_CHECKING:
+    from mprl.host.runner import run
 
 __all__ = [
     "NAME",
@@ -36,3 +38,11 @@ __all__ = [
     "run",
     "schema",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "run":
+        from mprl.host.runner import run
+
+        return run
+    raise AttributeError(f"module 'mprl' has no attribute {name!r}")

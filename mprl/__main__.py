@@ -1,4 +1,4 @@
-from mprl.cli import main
+from mprl.tools.cli import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

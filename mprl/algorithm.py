@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pickle
 import sys
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -21,7 +21,6 @@ if TYPE_CHECKING:
 ModelFactory = Callable[[gym.Space, gym.Space, Any], "torch.nn.Module"]
 OptimizerFactory = Callable[[Iterable["torch.nn.Parameter"], Any], "torch.optim.Optimizer"]
 ProcessFunction = Callable[["Context"], None]
-SharedFactory = Callable[[gym.Space, gym.Space, Any, int], Mapping[str, Any]]
 
 
 def check_importable(fn: Callable[..., Any], what: str) -> None:
@@ -78,7 +77,7 @@ def _validate(instance: Algorithm, attribute: attrs.Attribute, value: Any) -> No
             _check_config_cls(value)
         except PluginError as exc:
             raise PluginError(f"{where}: {exc}") from None
-    elif attribute.name in ("worker", "train", "make_model", "make_optimizer", "make_shared"):
+    elif attribute.name in ("worker", "train", "make_model", "make_optimizer"):
         if value is not None or attribute.name in ("worker", "make_model"):
             check_importable(value, where)
     elif attribute.name == "schema" and not isinstance(value, Schema):
@@ -99,14 +98,8 @@ class Algorithm:
     :param train: optional ``train(ctx)``, run in one separate train process.
     :param make_optimizer: optional ``make_optimizer(parameters, config) -> Optimizer``: its state
         lives in shared memory (Hogwild) and reaches every process as ``ctx.optimizer``.
-    :param schema: the shared state the processes use, built by the core for each run.
-    :param make_shared: optional ``make_shared(observation_space, action_space, config,
-        n_workers) -> {name: object}``, called once in the main process before the children
-        start, for shared objects whose size depends on the spaces or the config, such as
-        :class:`mprl.transport.Rollouts` and :class:`mprl.transport.Weights`. They are added to
-        ``ctx.state`` next to the schema's fields. An object with ``state_dict()`` /
-        ``load_state_dict()`` (plain data or tensors) is kept in checkpoints and restored on
-        ``--resume``, as :class:`~mprl.transport.Weights` keeps its version.
+    :param schema: the shared state the processes use (control state, tensors, and the
+        transport of experience and weights), built by the backend for each run.
     :param action_spaces: the gymnasium space types the algorithm supports.
     :param default_env: the environment used when ``--env`` is not given.
     :param description: one line shown by ``python -m mprl plugins``.
@@ -119,7 +112,6 @@ class Algorithm:
     train: ProcessFunction | None = attrs.field(default=None, validator=_validate)
     make_optimizer: OptimizerFactory | None = attrs.field(default=None, validator=_validate)
     schema: Schema = attrs.field(factory=Schema, validator=_validate)
-    make_shared: SharedFactory | None = attrs.field(default=None, validator=_validate)
     action_spaces: tuple[type[gym.Space], ...] = (gym.spaces.Discrete, gym.spaces.Box)
     default_env: str = "CartPole-v1"
     description: str = ""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import math
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
@@ -14,12 +15,13 @@ if TYPE_CHECKING:
     import gymnasium as gym
     import torch
 
-    from mprl.runner import RunConfig
+    from mprl.run_types import RunConfig
     from mprl.schema import SharedState
 
 
 class Channel(Protocol):
-    """What a backend provides to the processes it runs (see :mod:`mprl.local`)."""
+    """What a backend provides to the processes it runs: the stop flag, step counters,
+    heartbeats and metric records, none of which may cost a remote call per step."""
 
     def should_stop(self, slot: int) -> bool: ...
     def add_steps(self, slot: int, n: int) -> None: ...
@@ -31,6 +33,10 @@ class Channel(Protocol):
         times a second, so a channel may pack them until it sends."""
 
     def flush(self) -> None: ...
+
+
+#: ``make_env(env_id, seed=, rank=, index=)``: an environment through the ``mprl_make_env`` hook
+EnvMaker = Callable[..., "gym.Env"]
 
 
 def episode_record(
@@ -72,8 +78,7 @@ class Context:
         (torch, numpy and ``random`` are already seeded with it).
     :ivar config: the algorithm's config instance.
     :ivar run: the run's :class:`mprl.RunConfig` (env id, workers, seed, step budget).
-    :ivar state: the shared state built from the algorithm's schema.
-    :ivar model: the shared model (parameters in shared memory).
+    :ivar model: the shared model (parameters in shared memory on the local backend).
     :ivar restarts: how many times this rank was restarted before this process (0 at first).
     """
 
@@ -83,14 +88,22 @@ class Context:
     seed: int
     config: Any
     run: RunConfig
-    state: SharedState
+    _shared: SharedState = attrs.field(alias="state")
     model: torch.nn.Module
     _optimizer: torch.optim.Optimizer | None = attrs.field(alias="optimizer")
     channel: Channel
-    blocked_plugins: tuple[str, ...] = ()
+    _make_env: EnvMaker = attrs.field(alias="make_env")
     restarts: int = 0
-    _plugins: Any = attrs.field(default=None, init=False, repr=False)
+    _state: SharedState | None = attrs.field(default=None, init=False, repr=False)
     _optimizer_ready: bool = attrs.field(default=False, init=False, repr=False)
+
+    @property
+    def state(self) -> SharedState:
+        """The shared state built from the algorithm's schema, as this process uses it (its
+        transport fields know this process's rank and stop when the run does)."""
+        if self._state is None:
+            self._state = self._shared.bound(self._slot, self.should_stop)
+        return self._state
 
     @property
     def optimizer(self) -> torch.optim.Optimizer | None:
@@ -100,7 +113,7 @@ class Context:
             # torch.optim imports torch._dynamo on an optimizer's first use: 1.3 s of CPU here,
             # several seconds on a busy machine. It is start-up, not a hang: do it now, under the
             # start-up grace, so a short --worker-timeout does not kill a healthy process
-            # (mprl.nets.Adam skips that import altogether: needs_dynamo = False)
+            # (mprl.lib.nets.Adam skips that import altogether: needs_dynamo = False)
             self.channel.beat(self._slot, starting=True)
             importlib.import_module("torch._dynamo")
             self.channel.beat(self._slot)
@@ -137,7 +150,7 @@ class Context:
 
     @property
     def env_steps(self) -> int:
-        """Environment steps taken so far by all workers together."""
+        """Environment steps taken so far by all workers together (the run's total)."""
         return self.channel.env_steps()
 
     def log_episode(self, episode_return: float, episode_length: int, **values: float) -> None:
@@ -168,21 +181,15 @@ class Context:
         The environment is already seeded: its first ``reset()`` without a seed is deterministic
         for the run seed, rank and index.
         """
-        from mprl.envs import make_env
-
-        if self._plugins is None:
-            from mprl.plugins import get_plugin_manager
-
-            self._plugins = get_plugin_manager(blocked=self.blocked_plugins)
         seed = self.env_seed(index)
-        env = make_env(self._plugins, self.run.env, seed=seed, rank=self.rank, index=index)
+        env = self._make_env(self.run.env, seed=seed, rank=self.rank, index=index)
         env.reset(seed=seed)
         env.action_space.seed(seed)
         return env
 
     def __getstate__(self) -> dict[str, Any]:
         state = {f.name: getattr(self, f.name) for f in attrs.fields(type(self))}
-        state["_plugins"] = None  # a plugin manager is rebuilt in each process
+        state["_state"] = None  # bound again in the process that unpickles it
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:

@@ -10,14 +10,19 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from mprl import hookspec
+import pluggy
 
 if TYPE_CHECKING:
     import gymnasium as gym
 
     from mprl.algorithm import Algorithm
-    from mprl.backend import Backend
-    from mprl.runner import RunInfo
+    from mprl.run_types import RunInfo
+
+#: the plugin project name: entry-point group, hook prefix
+NAME = "mprl"
+hookspec = pluggy.HookspecMarker(NAME)
+#: mark a plugin's function as the implementation of the hook of the same name
+hookimpl = pluggy.HookimplMarker(NAME)
 
 # --------------------------------------------------------------------------------------------
 # Registration: what a plugin contributes
@@ -130,30 +135,37 @@ def mprl_make_env(
 # --------------------------------------------------------------------------------------------
 
 
-@hookspec(firstresult=True)
-def mprl_make_backend(name: str) -> Backend | None:
-    """Provide the backend that runs a job's processes, selected with ``--backend NAME``.
+@hookspec
+def mprl_register_backends(register: Callable[..., None]) -> None:
+    """Register the backends this plugin provides: where a run's processes live, chosen with
+    ``--backend NAME``.
 
     Built in: ``local`` spawns processes on this machine; ``serial`` (``run --serial``) runs them
     as turn-taking threads of the main process, for debugging and tests. Algorithms never see the
     backend: their worker and train functions only use the :class:`mprl.Context` they are given,
-    so the same algorithm plugin runs unchanged on any backend.
+    so the same algorithm plugin runs unchanged on any backend. ``python -m mprl plugins`` lists
+    the backends and who provides them.
 
-    :param name: the backend name asked for.
-    :returns: an object implementing :class:`mprl.backend.Backend`, or ``None`` if this plugin does
-        not provide ``name``. firstresult.
+    :param register: call it as ``register(name, factory, description="")``: ``factory()``
+        returns a new :class:`mprl.backends.base.Backend` for each run. The first registration
+        of a name wins (a plugin marked ``tryfirst=True`` overrides a built-in backend).
+    :returns: nothing. Not firstresult: every plugin is called.
 
     Example::
 
         import mprl
-        from mprl.local import LocalBackend
+        from mprl.backends.local import LocalBackend
+
+
+        class QuietLocal(LocalBackend):  # the local backend, with a word at the start
+            def prepare(self, job):
+                print(f"starting {len(job.roles())} processes")
+                return super().prepare(job)
 
 
         @mprl.hookimpl
-        def mprl_make_backend(name):
-            if name == "local-debug":  # the local backend under another name
-                return LocalBackend()
-            return None
+        def mprl_register_backends(register):
+            register("quiet-local", QuietLocal, "the local backend, saying how many processes")
     """
 
 

@@ -1,7 +1,7 @@
-"""Shared-state schema: declare what the processes of a run share, the core builds it.
+"""Shared-state schema: declare what the processes of a run share; the backend builds it.
 
-The hand-written multi-process main creates ``manager.list([True] * n)`` per concept; a plugin
-declares the same with attrs-based fields instead::
+The hand-written multi-process main creates ``manager.list([True] * n)`` per concept, and
+shared-memory buffers for the experience it moves; a plugin declares both instead::
 
     schema = Schema(
         train_modes=PerWorker(True),      # manager.list([True] * n_workers)
@@ -9,44 +9,128 @@ declares the same with attrs-based fields instead::
         histories=PerWorker(list),        # one manager list per worker
         lock=Lock(),
         ready=Barrier(parties="all"),     # workers + train process
-        returns=Tensor(shape=("workers", 100)),  # shared-memory tensor, no Manager
+        returns=Tensor(shape=("workers", 100)),  # a tensor every process reads and writes
+        rollouts=Rollouts(rollout_spec, slots_per_worker="config.slots"),  # experience
+        weights=Weights(),                # the learner's weights, published to the workers
     )
 
-Manager objects carry small control state; each access is a round trip to the Manager server, so
-keep them off per-step hot paths. Bulk data belongs in :class:`Tensor` fields (shared memory).
-``"workers"`` in a size is replaced by the number of workers, ``"all"`` by workers + 1 (the
-train process).
+Three families of kinds, by what they cost:
+
+- **Manager kinds** (``PerWorker`` ... ``Array``) carry small control state: on the local
+  backend each access is a round trip to a Manager server process, so keep them off per-step
+  hot paths.
+- **Tensor** is a tensor every process of the run reads and writes in place (shared memory on
+  the local backend): hot paths may use it; nothing locks it.
+- **Transport kinds** (``Rollouts``, ``Weights``, ``ReplayBuffer``, ``Counter``, ``Module``)
+  move experience and weights; each backend builds them its own way (shared memory, one
+  process, an object store) behind the protocols of :mod:`mprl.transport`, so the same plugin
+  runs on every backend.
+
+A ``Size`` is an int, ``"workers"`` (the number of workers), ``"all"`` (workers + 1: the train
+process too), ``"config.NAME"`` (the config field ``NAME``), or a function of :class:`Dims`.
 """
 
 from __future__ import annotations
 
 import array
 import keyword
-from collections.abc import Mapping, Sequence
-from multiprocessing.managers import SyncManager
+import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from types import SimpleNamespace
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import attrs
+import gymnasium as gym
 import torch
 
 from mprl.errors import SchemaError
 
-Size = int | str  # an int, "workers" or "all"
+RowSpec = Mapping[str, tuple[tuple[int, ...], torch.dtype]]  # {name: (shape of one row, dtype)}
 
 
-def _resolve(size: Size, n_workers: int) -> int:
-    if isinstance(size, bool) or not isinstance(size, int | str):
-        raise ValueError(f"size {size!r} must be an int, 'workers' or 'all'")
-    if size == "workers":
-        return n_workers
-    if size == "all":
-        return n_workers + 1
+@attrs.frozen
+class Dims:
+    """What sizes in a schema may depend on: the run's worker count, the env's spaces and the
+    algorithm's config."""
+
+    workers: int
+    observation_space: gym.Space
+    action_space: gym.Space
+    config: Any = None
+
+
+Size = int | str | Callable[[Dims], int]
+
+
+def _check_size(size: Size) -> None:
+    if callable(size) or size in ("workers", "all"):
+        return
     if isinstance(size, str):
-        raise ValueError(f"size {size!r} must be an int, 'workers' or 'all'")
+        if not (size.startswith("config.") and size[7:].isidentifier()):
+            raise ValueError(
+                f"size {size!r} must be an int, 'workers', 'all', 'config.FIELD' or a function "
+                "of mprl.schema.Dims"
+            )
+        return
+    if isinstance(size, bool) or not isinstance(size, int):
+        raise ValueError(f"size {size!r} must be an int, 'workers', 'all' or 'config.FIELD'")
     if size < 1:
         raise ValueError(f"size {size} must be >= 1")
-    return size
+
+
+def resolve(size: Size, dims: Dims) -> int:
+    """The number ``size`` stands for in a run of ``dims``; ``ValueError`` saying why not."""
+    _check_size(size)
+    if size == "workers":
+        return dims.workers
+    if size == "all":
+        return dims.workers + 1
+    if isinstance(size, str):
+        name = size[7:]
+        if not hasattr(dims.config, name):
+            raise ValueError(f"size {size!r}: the config has no field {name!r}")
+        value = getattr(dims.config, name)
+    else:
+        value = size(dims) if callable(size) else size
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"size {size!r} is {value!r}; it must be an int >= 1")
+    return value
+
+
+def _spec(spec: RowSpec | Callable[[Dims], RowSpec], dims: Dims) -> dict[str, Any]:
+    """A row spec, called with ``dims`` when it is a function, and checked."""
+    out = dict(spec(dims) if callable(spec) else spec)
+    if not out:
+        raise ValueError("the spec has no fields")
+    for name, entry in out.items():
+        ok = isinstance(entry, tuple | list) and len(entry) == 2
+        if not (ok and isinstance(entry[1], torch.dtype)):
+            raise ValueError(f"spec field {name!r}: {entry!r} is not (shape, torch dtype)")
+        if not all(isinstance(n, int) and n >= 1 for n in entry[0]):
+            raise ValueError(f"spec field {name!r}: shape {tuple(entry[0])!r} must be ints >= 1")
+        out[name] = (tuple(entry[0]), entry[1])
+    return out
+
+
+def _bytes(spec: RowSpec, rows: int) -> int:
+    return sum(
+        rows * math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        for shape, dtype in spec.values()
+    )
+
+
+class Builder(Protocol):
+    """What a backend gives :meth:`Field.build`: its way of making each kind."""
+
+    manager: Any  # SyncManager-like (list, dict, Lock, ...), None when no field needs one
+
+    def tensor(self, shape: tuple[int, ...], dtype: torch.dtype, fill: float) -> Any: ...
+    def rollouts(self, spec: RowSpec, workers: int, slots_per_worker: int) -> Any: ...
+    def weights(self) -> Any: ...
+    def replay(self, row: RowSpec, capacity: int, workers: int) -> Any: ...
+    def counter(self, processes: int) -> Any: ...
+    def module(self, make: Callable[..., torch.nn.Module] | None, dims: Dims) -> Any: ...
 
 
 @attrs.frozen
@@ -54,24 +138,29 @@ class Field:
     """Base of every declaration. ``kind`` names it in messages and docs."""
 
     kind: ClassVar[str] = "field"
+    #: lives in a Manager server on the local backend
+    needs_manager: ClassVar[bool] = False
 
     def check(self) -> None:
         """Raise ``ValueError`` describing what is wrong with this declaration."""
 
-    def build(self, manager: SyncManager, n_workers: int) -> Any:
+    def check_dims(self, dims: Dims) -> None:
+        """Raise ``ValueError`` when the declaration does not fit a run of ``dims``."""
+
+    def build(self, builder: Builder, dims: Dims) -> Any:
         raise NotImplementedError
 
     def snapshot(self, built: Any) -> Any:
-        """Plain data to checkpoint, or ``None`` for kinds without data (locks, queues...)."""
+        """Plain data or tensors to checkpoint, or ``None`` for kinds without data."""
         return None
 
     def restore(self, built: Any, data: Any) -> bool:
         """Put checkpointed ``data`` back; False when it does not fit (another worker count)."""
         return False
 
-    def shm_bytes(self, n_workers: int) -> int:
-        """Bytes of shared memory (``/dev/shm``) this field takes."""
-        return 0
+    def memory(self, dims: Dims) -> tuple[int, int]:
+        """(bytes, tensors) the field takes in tensors (``/dev/shm`` on the local backend)."""
+        return 0, 0
 
 
 _SCALARS = (int, float, bool, str, bytes, type(None))
@@ -86,6 +175,7 @@ class PerWorker(Field):
     """
 
     kind: ClassVar[str] = "PerWorker"
+    needs_manager: ClassVar[bool] = True
     initial: Any = None
 
     def check(self) -> None:
@@ -97,12 +187,13 @@ class PerWorker(Field):
                 "or the type list or dict"
             )
 
-    def build(self, manager: SyncManager, n_workers: int) -> Any:
+    def build(self, builder: Builder, dims: Dims) -> Any:
+        manager, n = builder.manager, dims.workers
         if self.initial is list:
-            return manager.list([manager.list() for _ in range(n_workers)])
+            return manager.list([manager.list() for _ in range(n)])
         if self.initial is dict:
-            return manager.list([manager.dict() for _ in range(n_workers)])
-        return manager.list([self.initial] * n_workers)
+            return manager.list([manager.dict() for _ in range(n)])
+        return manager.list([self.initial] * n)
 
     def snapshot(self, built: Any) -> Any:
         if self.initial is list:
@@ -131,14 +222,15 @@ class List(Field):
     """``manager.list(initial)``."""
 
     kind: ClassVar[str] = "List"
+    needs_manager: ClassVar[bool] = True
     initial: Sequence[Any] = ()
 
     def check(self) -> None:
         if isinstance(self.initial, str | bytes) or not isinstance(self.initial, Sequence):
             raise ValueError(f"initial value {self.initial!r} must be a list or tuple")
 
-    def build(self, manager: SyncManager, n_workers: int) -> Any:
-        return manager.list(list(self.initial))
+    def build(self, builder: Builder, dims: Dims) -> Any:
+        return builder.manager.list(list(self.initial))
 
     def snapshot(self, built: Any) -> Any:
         return list(built)
@@ -153,14 +245,15 @@ class Dict(Field):
     """``manager.dict(initial)``."""
 
     kind: ClassVar[str] = "Dict"
+    needs_manager: ClassVar[bool] = True
     initial: Mapping[Any, Any] = attrs.field(factory=dict)
 
     def check(self) -> None:
         if not isinstance(self.initial, Mapping):
             raise ValueError(f"initial value {self.initial!r} must be a mapping")
 
-    def build(self, manager: SyncManager, n_workers: int) -> Any:
-        return manager.dict(dict(self.initial))
+    def build(self, builder: Builder, dims: Dims) -> Any:
+        return builder.manager.dict(dict(self.initial))
 
     def snapshot(self, built: Any) -> Any:
         return dict(built)
@@ -176,6 +269,7 @@ class Namespace(Field):
     """``manager.Namespace(**initial)``: named scalars such as a global mode flag."""
 
     kind: ClassVar[str] = "Namespace"
+    needs_manager: ClassVar[bool] = True
     initial: Mapping[str, Any] = attrs.field(factory=dict)
 
     def check(self) -> None:
@@ -185,8 +279,8 @@ class Namespace(Field):
         if bad:
             raise ValueError(f"attribute names {bad!r} are not identifiers")
 
-    def build(self, manager: SyncManager, n_workers: int) -> Any:
-        return manager.Namespace(**self.initial)
+    def build(self, builder: Builder, dims: Dims) -> Any:
+        return builder.manager.Namespace(**self.initial)
 
     def snapshot(self, built: Any) -> Any:
         return {k: v for k, v in vars(built._getvalue()).items() if not k.startswith("_")}
@@ -198,27 +292,34 @@ class Namespace(Field):
 
 
 @attrs.frozen
-class Lock(Field):
+class _Plain(Field):
+    """A Manager kind made by calling the Manager's method of the same name."""
+
+    needs_manager: ClassVar[bool] = True
+
+    def build(self, builder: Builder, dims: Dims) -> Any:
+        return getattr(builder.manager, self.kind)(*self._args(dims))
+
+    def _args(self, dims: Dims) -> tuple[Any, ...]:
+        return ()
+
+
+@attrs.frozen
+class Lock(_Plain):
     """``manager.Lock()``."""
 
     kind: ClassVar[str] = "Lock"
 
-    def build(self, manager: SyncManager, n_workers: int) -> Any:
-        return manager.Lock()
-
 
 @attrs.frozen
-class RLock(Field):
+class RLock(_Plain):
     """``manager.RLock()``."""
 
     kind: ClassVar[str] = "RLock"
 
-    def build(self, manager: SyncManager, n_workers: int) -> Any:
-        return manager.RLock()
-
 
 @attrs.frozen
-class Semaphore(Field):
+class Semaphore(_Plain):
     """``manager.Semaphore(value)``."""
 
     kind: ClassVar[str] = "Semaphore"
@@ -228,8 +329,8 @@ class Semaphore(Field):
         if isinstance(self.value, bool) or not isinstance(self.value, int) or self.value < 0:
             raise ValueError(f"value {self.value!r} must be an int >= 0")
 
-    def build(self, manager: SyncManager, n_workers: int) -> Any:
-        return manager.Semaphore(self.value)
+    def _args(self, dims: Dims) -> tuple[Any, ...]:
+        return (self.value,)
 
 
 @attrs.frozen
@@ -238,47 +339,44 @@ class BoundedSemaphore(Semaphore):
 
     kind: ClassVar[str] = "BoundedSemaphore"
 
-    def build(self, manager: SyncManager, n_workers: int) -> Any:
-        return manager.BoundedSemaphore(self.value)
-
 
 @attrs.frozen
-class Condition(Field):
+class Condition(_Plain):
     """``manager.Condition()``."""
 
     kind: ClassVar[str] = "Condition"
 
-    def build(self, manager: SyncManager, n_workers: int) -> Any:
-        return manager.Condition()
-
 
 @attrs.frozen
-class Event(Field):
+class Event(_Plain):
     """``manager.Event()``."""
 
     kind: ClassVar[str] = "Event"
 
-    def build(self, manager: SyncManager, n_workers: int) -> Any:
-        return manager.Event()
-
 
 @attrs.frozen
-class Barrier(Field):
-    """``manager.Barrier(parties)``; ``parties`` is an int, ``"workers"`` or ``"all"``."""
+class Barrier(_Plain):
+    """``manager.Barrier(parties)``; ``parties`` is a ``Size`` (default ``"workers"``)."""
 
     kind: ClassVar[str] = "Barrier"
     parties: Size = "workers"
 
     def check(self) -> None:
-        _resolve(self.parties, 1)
+        _check_size(self.parties)
 
-    def build(self, manager: SyncManager, n_workers: int) -> Any:
-        return manager.Barrier(_resolve(self.parties, n_workers))
+    def check_dims(self, dims: Dims) -> None:
+        resolve(self.parties, dims)
+
+    def _args(self, dims: Dims) -> tuple[Any, ...]:
+        return (resolve(self.parties, dims),)
 
 
 @attrs.frozen
-class Queue(Field):
-    """``manager.Queue(maxsize)``: small control messages, never trajectories."""
+class Queue(_Plain):
+    """``manager.Queue(maxsize)``: messages between processes, pickled through the Manager
+    (about 0.1-0.2 ms a put or get on the local backend): small control messages, or whole
+    episodes where a plugin wants the classic program's shape; per-step data belongs in
+    ``Rollouts`` or a ``ReplayBuffer``."""
 
     kind: ClassVar[str] = "Queue"
     maxsize: int = 0
@@ -287,8 +385,8 @@ class Queue(Field):
         if isinstance(self.maxsize, bool) or not isinstance(self.maxsize, int) or self.maxsize < 0:
             raise ValueError(f"maxsize {self.maxsize!r} must be an int >= 0 (0: unbounded)")
 
-    def build(self, manager: SyncManager, n_workers: int) -> Any:
-        return manager.Queue(self.maxsize)
+    def _args(self, dims: Dims) -> tuple[Any, ...]:
+        return (self.maxsize,)
 
 
 def _check_typecode(typecode: str) -> None:
@@ -297,7 +395,7 @@ def _check_typecode(typecode: str) -> None:
 
 
 @attrs.frozen
-class Value(Field):
+class Value(_Plain):
     """``manager.Value(typecode, initial)`` (typecodes as in the ``array`` module)."""
 
     kind: ClassVar[str] = "Value"
@@ -308,8 +406,8 @@ class Value(Field):
         _check_typecode(self.typecode)
         array.array(self.typecode, [self.initial])  # raises TypeError for a mismatched value
 
-    def build(self, manager: SyncManager, n_workers: int) -> Any:
-        return manager.Value(self.typecode, self.initial)
+    def _args(self, dims: Dims) -> tuple[Any, ...]:
+        return (self.typecode, self.initial)
 
     def snapshot(self, built: Any) -> Any:
         return built.value
@@ -320,8 +418,8 @@ class Value(Field):
 
 
 @attrs.frozen
-class Array(Field):
-    """``manager.Array(typecode, [initial] * size)``; size: an int, ``"workers"`` or ``"all"``."""
+class Array(_Plain):
+    """``manager.Array(typecode, [initial] * size)``; ``size`` is a ``Size``."""
 
     kind: ClassVar[str] = "Array"
     typecode: str = "d"
@@ -330,11 +428,14 @@ class Array(Field):
 
     def check(self) -> None:
         _check_typecode(self.typecode)
-        _resolve(self.size, 1)
+        _check_size(self.size)
         array.array(self.typecode, [self.initial])
 
-    def build(self, manager: SyncManager, n_workers: int) -> Any:
-        return manager.Array(self.typecode, [self.initial] * _resolve(self.size, n_workers))
+    def check_dims(self, dims: Dims) -> None:
+        resolve(self.size, dims)
+
+    def _args(self, dims: Dims) -> tuple[Any, ...]:
+        return (self.typecode, [self.initial] * resolve(self.size, dims))
 
     def snapshot(self, built: Any) -> Any:
         return list(built)
@@ -348,10 +449,9 @@ class Array(Field):
 
 @attrs.frozen
 class Tensor(Field):
-    """A tensor in shared memory (no Manager): bulk data, readable on hot paths.
-
-    ``shape`` entries are ints, ``"workers"`` or ``"all"``.
-    """
+    """A tensor every process reads and writes in place (shared memory on the local backend):
+    bulk data, readable on hot paths. ``shape`` entries are ``Size``\\ s. Nothing locks it: add a
+    ``Lock`` field where writers must not overlap."""
 
     kind: ClassVar[str] = "Tensor"
     shape: tuple[Size, ...] = attrs.field(converter=tuple)
@@ -362,13 +462,18 @@ class Tensor(Field):
         if not self.shape:
             raise ValueError("shape must have at least one dimension")
         for size in self.shape:
-            _resolve(size, 1)
+            _check_size(size)
         if not isinstance(self.dtype, torch.dtype):
             raise ValueError(f"dtype {self.dtype!r} must be a torch.dtype such as torch.float32")
 
-    def build(self, manager: SyncManager | None, n_workers: int) -> torch.Tensor:
-        shape = tuple(_resolve(s, n_workers) for s in self.shape)
-        return torch.full(shape, self.fill, dtype=self.dtype).share_memory_()
+    def _shape(self, dims: Dims) -> tuple[int, ...]:
+        return tuple(resolve(s, dims) for s in self.shape)
+
+    def check_dims(self, dims: Dims) -> None:
+        self._shape(dims)
+
+    def build(self, builder: Builder, dims: Dims) -> Any:
+        return builder.tensor(self._shape(dims), self.dtype, self.fill)
 
     def snapshot(self, built: Any) -> Any:
         return built.clone()
@@ -379,31 +484,221 @@ class Tensor(Field):
         built.copy_(data)
         return True
 
-    def shm_bytes(self, n_workers: int) -> int:
-        numel = 1
-        for size in self.shape:
-            numel *= _resolve(size, n_workers)
-        return numel * torch.empty((), dtype=self.dtype).element_size()
+    def memory(self, dims: Dims) -> tuple[int, int]:
+        return _bytes({"t": (self._shape(dims), self.dtype)}, 1), 1
+
+
+@attrs.frozen
+class Rollouts(Field):
+    """Rollout slots (:class:`mprl.transport.RolloutSlots`): each worker fills its slots in
+    place and commits them, the learner takes batches. ``spec`` is ``{name: (shape, dtype)}`` of
+    one rollout, or a function of :class:`Dims` returning it (sizes from the spaces and the
+    config); ``slots_per_worker`` is a ``Size``: more keep a worker busy while the learner is,
+    and make the rollouts the learner reads older. Not checkpointed: rollouts in flight are
+    collected again after a resume."""
+
+    kind: ClassVar[str] = "Rollouts"
+    spec: RowSpec | Callable[[Dims], RowSpec]
+    slots_per_worker: Size = 2
+
+    def check(self) -> None:
+        _check_size(self.slots_per_worker)
+        if not (callable(self.spec) or isinstance(self.spec, Mapping)):
+            raise ValueError(f"spec {self.spec!r} must be a mapping or a function of Dims")
+
+    def check_dims(self, dims: Dims) -> None:
+        reserved = {"version", "source"} & set(_spec(self.spec, dims))
+        if reserved:
+            raise ValueError(f"spec fields {sorted(reserved)} are added by mprl; rename yours")
+        resolve(self.slots_per_worker, dims)
+
+    def build(self, builder: Builder, dims: Dims) -> Any:
+        slots = resolve(self.slots_per_worker, dims)
+        return builder.rollouts(_spec(self.spec, dims), dims.workers, slots)
+
+    def memory(self, dims: Dims) -> tuple[int, int]:
+        slots = dims.workers * resolve(self.slots_per_worker, dims)
+        spec = _spec(self.spec, dims)
+        return _bytes(spec, slots) + 32 * slots, len(spec) + 4
+
+
+@attrs.frozen
+class Weights(Field):
+    """The learner's weights published to the workers (:class:`mprl.transport.WeightBroadcast`):
+    ``with weights.publishing(model): optimizer.step()`` in the learner, ``weights.pull(local)``
+    in a worker. Its version is checkpointed."""
+
+    kind: ClassVar[str] = "Weights"
+
+    def build(self, builder: Builder, dims: Dims) -> Any:
+        return builder.weights()
+
+    def snapshot(self, built: Any) -> Any:
+        return built.state()
+
+    def restore(self, built: Any, data: Any) -> bool:
+        built.load(data)
+        return True
+
+    def memory(self, dims: Dims) -> tuple[int, int]:
+        return 8, 1
+
+
+def transition_row(dims: Dims) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """The default row of a :class:`ReplayBuffer`: ``obs``, ``action``, ``reward``,
+    ``next_obs`` and ``done`` (1.0 where the episode terminated), shaped by the spaces.
+    Observations keep the space's dtype when it is ``uint8`` (frames), else ``float32``;
+    ``Discrete`` actions are ``int64`` scalars."""
+    obs, act = dims.observation_space, dims.action_space
+    obs_dtype = torch.uint8 if obs.dtype == "uint8" else torch.float32
+    discrete = isinstance(act, gym.spaces.Discrete)
+    return {
+        "obs": (tuple(obs.shape), obs_dtype),
+        "action": ((), torch.int64) if discrete else (tuple(act.shape), torch.float32),
+        "reward": ((), torch.float32),
+        "next_obs": (tuple(obs.shape), obs_dtype),
+        "done": ((), torch.float32),
+    }
+
+
+@attrs.frozen
+class ReplayBuffer(Field):
+    """A replay buffer of ``capacity`` rows (:class:`mprl.transport.ReplayStore`), split evenly
+    between the workers. ``row`` is ``{name: (shape, dtype)}`` of one row (or a function of
+    :class:`Dims`); by default :func:`transition_row`. ``checkpoint=False`` keeps its rows out of
+    checkpoints (a resumed run starts with it empty)."""
+
+    kind: ClassVar[str] = "ReplayBuffer"
+    capacity: Size
+    row: RowSpec | Callable[[Dims], RowSpec] | None = None
+    checkpoint: bool = True
+
+    def check(self) -> None:
+        _check_size(self.capacity)
+        if not (self.row is None or callable(self.row) or isinstance(self.row, Mapping)):
+            raise ValueError(f"row {self.row!r} must be a mapping or a function of Dims")
+
+    def _row(self, dims: Dims) -> dict[str, Any]:
+        return _spec(transition_row if self.row is None else self.row, dims)
+
+    def check_dims(self, dims: Dims) -> None:
+        self._row(dims)
+        if resolve(self.capacity, dims) < dims.workers:
+            raise ValueError(f"capacity must be at least the number of workers ({dims.workers})")
+
+    def build(self, builder: Builder, dims: Dims) -> Any:
+        return builder.replay(self._row(dims), resolve(self.capacity, dims), dims.workers)
+
+    def snapshot(self, built: Any) -> Any:
+        return built.state() if self.checkpoint else None
+
+    def restore(self, built: Any, data: Any) -> bool:
+        return built.load(data)
+
+    def memory(self, dims: Dims) -> tuple[int, int]:
+        rows = resolve(self.capacity, dims)
+        row = self._row(dims)
+        return _bytes(row, rows) + 8 * rows, len(row) + 2
+
+
+@attrs.frozen
+class Counter(Field):
+    """An integer every process adds to with no Manager and no lock
+    (:class:`mprl.transport.SharedCounter`): ``ctx.state.NAME.add(n)``, ``ctx.state.NAME.value``.
+    Checkpointed."""
+
+    kind: ClassVar[str] = "Counter"
+
+    def build(self, builder: Builder, dims: Dims) -> Any:
+        return builder.counter(dims.workers + 1)
+
+    def snapshot(self, built: Any) -> Any:
+        return built.value
+
+    def restore(self, built: Any, data: Any) -> bool:
+        built.load(int(data))
+        return True
+
+    def memory(self, dims: Dims) -> tuple[int, int]:
+        return 8 * (dims.workers + 2), 1
+
+
+@attrs.frozen
+class Module(Field):
+    """A torch module in the run's shared state, checkpointed and restored with the model: a
+    learner's target network, a running normaliser. ``make(observation_space, action_space,
+    config)`` builds it; by default it is a copy of the run's model (the algorithm's
+    ``make_model``, starting from the model's weights). Update it in place
+    (``target.load_state_dict(model.state_dict())``)."""
+
+    kind: ClassVar[str] = "Module"
+    make: Callable[..., torch.nn.Module] | None = None
+
+    def check(self) -> None:
+        if self.make is not None and not callable(self.make):
+            raise ValueError(f"make {self.make!r} must be a function")
+
+    def build(self, builder: Builder, dims: Dims) -> Any:
+        return builder.module(self.make, dims)
+
+    def snapshot(self, built: Any) -> Any:
+        return {k: v.clone() for k, v in built.state_dict().items()}
+
+    def restore(self, built: Any, data: Any) -> bool:
+        try:
+            built.load_state_dict(data)
+        except (RuntimeError, KeyError):
+            return False
+        return True
 
 
 KINDS: tuple[type[Field], ...] = (
     PerWorker, List, Dict, Namespace, Lock, RLock, Semaphore, BoundedSemaphore, Condition, Event,
-    Barrier, Queue, Value, Array, Tensor,
+    Barrier, Queue, Value, Array, Tensor, Rollouts, Weights, ReplayBuffer, Counter, Module,
 )  # fmt: skip
 
 
-class SharedState(SimpleNamespace):
-    """The built shared state: one attribute per schema field (Manager proxies and tensors).
+@contextmanager
+def _blame(name: str, decl: Field) -> Iterator[None]:
+    """Turn a ``ValueError`` / ``TypeError`` about ``decl`` into a SchemaError naming it."""
+    try:
+        yield
+    except (ValueError, TypeError) as exc:
+        raise SchemaError(f"shared-state field {name!r} ({decl.kind}): {exc}") from None
 
-    Picklable: it travels to spawned children, where proxies reconnect to the same Manager.
+
+class SharedState(SimpleNamespace):
+    """The built shared state: one attribute per schema field.
+
+    Picklable: it travels to spawned children, where Manager proxies reconnect and tensors map
+    the same shared memory. :meth:`bound` gives a process its own view of the transport fields.
     """
+
+    def bound(self, slot: int, stop: Callable[[], bool]) -> SharedState:
+        """The state as process ``slot`` uses it: transport fields bound to its slot and stop
+        check, the rest as they are."""
+        return SharedState(
+            **{
+                name: value.bind(slot, stop) if hasattr(value, "bind") else value
+                for name, value in vars(self).items()
+            }
+        )
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        declared = ", ".join(sorted(vars(self))) or "none"
+        raise AttributeError(
+            f"the shared state has no field {name!r}; the algorithm's schema declares: {declared}"
+        )
 
 
 class Schema:
     """A plugin's shared-state declaration: ``Schema(name=Field(...), ...)``.
 
     Checked when created: every value must be a field declaration of a known kind with valid
-    arguments; the error names the field.
+    arguments; the error names the field. What depends on the run (sizes from the config and the
+    spaces) is checked before anything starts.
     """
 
     def __init__(self, **fields: Field) -> None:
@@ -425,26 +720,33 @@ class Schema:
                     f"shared-state field {name!r}: {what}; use one of "
                     f"mprl.schema.{{{kinds}}}, e.g. {name}=PerWorker(0)"
                 )
-            try:
+            with _blame(name, decl):
                 decl.check()
-            except (ValueError, TypeError) as exc:
-                raise SchemaError(f"shared-state field {name!r} ({decl.kind}): {exc}") from None
         self.fields: dict[str, Field] = dict(fields)
 
     def needs_manager(self) -> bool:
-        """Whether building this schema needs a Manager server (any non-tensor field)."""
-        return any(not isinstance(f, Tensor) for f in self.fields.values())
+        """Whether building this schema needs a Manager server (any Manager kind)."""
+        return any(f.needs_manager for f in self.fields.values())
 
-    def build(self, manager: SyncManager | None, n_workers: int) -> SharedState:
-        """Create every field for a run with ``n_workers`` workers."""
+    def check_dims(self, dims: Dims) -> None:
+        """Raise :class:`SchemaError` naming the field whose sizes do not fit a run of ``dims``."""
+        for name, decl in self.fields.items():
+            with _blame(name, decl):
+                decl.check_dims(dims)
+
+    def memory(self, dims: Dims) -> tuple[int, int]:
+        """(bytes, tensors) the schema's tensor-backed fields take in a run of ``dims``."""
+        sizes = [decl.memory(dims) for decl in self.fields.values()]
+        return sum(b for b, _ in sizes), sum(n for _, n in sizes)
+
+    def build(self, builder: Builder, dims: Dims) -> SharedState:
+        """Create every field for a run of ``dims`` with a backend's ``builder``."""
         built = {}
         for name, decl in self.fields.items():
-            if manager is None and not isinstance(decl, Tensor):
+            if decl.needs_manager and builder.manager is None:
                 raise SchemaError(f"shared-state field {name!r} ({decl.kind}) needs a Manager")
-            try:
-                built[name] = decl.build(manager, n_workers)
-            except (ValueError, TypeError) as exc:
-                raise SchemaError(f"shared-state field {name!r} ({decl.kind}): {exc}") from None
+            with _blame(name, decl):
+                built[name] = decl.build(builder, dims)
         return SharedState(**built)
 
     def snapshot(self, state: SharedState) -> dict[str, Any]:
@@ -466,10 +768,6 @@ class Schema:
             if decl is None or not decl.restore(getattr(state, name), data):
                 skipped.append(name)
         return skipped
-
-    def shm_bytes(self, n_workers: int) -> int:
-        """Shared memory the schema's tensors take with ``n_workers`` workers."""
-        return sum(decl.shm_bytes(n_workers) for decl in self.fields.values())
 
     def __repr__(self) -> str:
         inner = ", ".join(f"{k}={v!r}" for k, v in self.fields.items())

@@ -31,12 +31,15 @@ import attrs
 import pytest
 import torch
 
-from mprl import hookimpl
 from mprl.algorithm import Algorithm
-from mprl.plugins import PluginManager, get_plugin_manager
-from mprl.runner import Summary, run
-from mprl.schema import Schema, SharedState
-from mprl.serial import InProcessManager, SerialBackend
+from mprl.backends.serial import InProcessManager, SerialBackend
+from mprl.backends.tensors import TensorStateBuilder
+from mprl.hookspecs import hookimpl
+from mprl.host.envs import make_env
+from mprl.host.plugins import PluginManager, get_plugin_manager
+from mprl.host.runner import run
+from mprl.run_types import Summary
+from mprl.schema import Dims, Schema, SharedState
 
 
 def plugin_manager(*plugins: object, builtins: bool = True) -> PluginManager:
@@ -67,18 +70,42 @@ def call_hook(pm: PluginManager, hook: str, *, plugin: object | None = None, **k
 
 
 def build_state(
-    schema: Schema | Algorithm, workers: int = 2, *, manager: Any = None
+    schema: Schema | Algorithm,
+    workers: int = 2,
+    *,
+    manager: Any = None,
+    env: str | None = None,
+    config: Any = None,
 ) -> SharedState:
-    """The shared state ``schema`` (or an algorithm's) builds for ``workers`` workers.
+    """The shared state ``schema`` (or an algorithm's) builds for ``workers`` workers, as the
+    serial backend builds it (tensors in this process, nothing started).
 
-    Without ``manager``, Manager objects are plain in-process objects
-    (:class:`mprl.serial.InProcessManager`: lists, dicts, locks...) and nothing is started. Pass
-    a started ``multiprocessing.managers.SyncManager`` for the real thing (the ``mprl_state``
-    fixture starts and shuts one down with ``manager=True``).
+    Without ``manager``, Manager kinds are plain in-process objects
+    (:class:`mprl.backends.serial.InProcessManager`: lists, dicts, locks...). Pass a started
+    ``multiprocessing.managers.SyncManager`` for the real thing (the ``mprl_state`` fixture starts
+    and shuts one down with ``manager=True``). Sizes that come from the spaces and the config
+    use ``env`` (default: the algorithm's default env, else CartPole-v1) and ``config`` (default:
+    the algorithm's defaults); ``Weights`` and ``Module`` fields need an algorithm (its model).
+    The state is unbound: a test acts as process ``slot`` through ``state.bound(slot, stop)``.
     """
-    if isinstance(schema, Algorithm):
-        schema = schema.schema
-    return schema.build(manager or InProcessManager(), workers)
+    algorithm = schema if isinstance(schema, Algorithm) else None
+    if algorithm is not None:
+        schema = algorithm.schema
+        config = algorithm.config_cls() if config is None else config
+        env = env or algorithm.default_env
+    probe = make_env(plugin_manager(), env or "CartPole-v1")
+    dims = Dims(workers, probe.observation_space, probe.action_space, config)
+    probe.close()
+    model = make = None
+    if algorithm is not None:
+        make = algorithm.make_model
+        model = make(dims.observation_space, dims.action_space, dims.config)
+    builder = TensorStateBuilder(
+        manager or InProcessManager(), model, make, share=manager is not None, sleep=True
+    )  # type: ignore[arg-type]
+    assert isinstance(schema, Schema)
+    schema.check_dims(dims)
+    return schema.build(builder, dims)
 
 
 @attrs.frozen
@@ -145,8 +172,8 @@ class _Capture:
         self.backend = backend
 
     @hookimpl(tryfirst=True)
-    def mprl_make_backend(self, name: str) -> SerialBackend | None:
-        return self.backend if name == "serial" else None
+    def mprl_register_backends(self, register: Callable[..., None]) -> None:
+        register("serial", lambda: self.backend, "the serial backend of mprl.testing.run_serial")
 
 
 def run_serial(

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from mprl.plugins import PluginManager, get_plugin_manager
+from mprl.host.plugins import PluginManager, get_plugin_manager
 
 HERE = Path(__file__).parent
 REPO = HERE.parent
@@ -92,7 +92,7 @@ def cli(
 def cli_here(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
     """``python -m mprl ARGS`` in this process (for errors raised before anything starts,
     where a subprocess would only add its start-up time); returns the exit code and stderr."""
-    from mprl.cli import main
+    from mprl.tools.cli import main
 
     code = main(list(args))
     return code, capsys.readouterr().err

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import mprl
-from mprl.nets import make_model
+from mprl.lib.nets import make_model
 from mprl_a3c.algorithm import A3CConfig, _n_step_returns
 
 

@@ -6,7 +6,7 @@ import math
 import pickle
 import time
 
-from mprl.local import LocalChannel
+from mprl.backends.local.channel import LocalChannel
 
 
 class ListQueue:

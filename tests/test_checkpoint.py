@@ -29,7 +29,7 @@ from tests.conftest import (
 WRITER = textwrap.dedent(
     """
     import sys, torch
-    from mprl.rundir import RunDir
+    from mprl.host.rundir import RunDir
     run = RunDir.create(sys.argv[1], "probe", "Corridor-v0") if sys.argv[2] == "new" else RunDir(sys.argv[1])
     version = int(sys.argv[3])
     while True:

@@ -8,9 +8,9 @@ import attrs
 import pytest
 from attrs import validators as v
 
-from mprl.config import build, describe_fields, load_toml, parse_assignments, parse_value
+from mprl.host.config import build, describe_fields, load_toml, parse_assignments, parse_value
 from mprl.errors import ConfigError
-from mprl.runner import RunConfig
+from mprl.run_types import RunConfig
 
 
 @attrs.frozen

@@ -24,9 +24,9 @@ import pytest
 import mprl
 from mprl import hookspecs, schema
 from mprl.context import Context, episode_record
-from mprl.envs import make_env
-from mprl.plugins import NO_AUTOLOAD_ENV, PluginManager, get_plugin_manager
-from mprl.runner import RunInfo, Summary
+from mprl.host.envs import make_env
+from mprl.host.plugins import NO_AUTOLOAD_ENV, PluginManager, get_plugin_manager
+from mprl.run_types import RunInfo, Summary
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE_PLUGIN = "docs-example"

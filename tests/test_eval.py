@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from mprl.envs import make_env, play_episodes
-from mprl.plugins import get_plugin_manager
+from mprl.host.envs import make_env, play_episodes
+from mprl.host.plugins import get_plugin_manager
 from tests.conftest import cli
 
 

@@ -9,7 +9,8 @@ import sys
 import gymnasium as gym
 import torch
 
-from mprl.nets import ActorCritic, ActorCriticConfig, Adam, EnvBatch, make_optimizer, rollout_spec
+from mprl.lib.envbatch import EnvBatch, rollout_spec
+from mprl.lib.nets import ActorCritic, ActorCriticConfig, Adam, make_optimizer
 from mprl.runner import share_optimizer_state
 
 

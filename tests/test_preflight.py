@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from mprl import preflight
+from mprl.backends.local import preflight
 from mprl.errors import UsageError
 
 

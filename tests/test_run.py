@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import mprl
-from mprl.plugins import get_plugin_manager
+from mprl.host.plugins import get_plugin_manager
 from tests.conftest import read_metrics
 
 

@@ -13,8 +13,8 @@ import torch
 import mprl
 from mprl import schema, serial
 from mprl.errors import RunFailed
-from mprl.nets import make_model, make_optimizer
-from mprl.plugins import get_plugin_manager
+from mprl.lib.nets import make_model, make_optimizer
+from mprl.host.plugins import get_plugin_manager
 from tests.conftest import cli
 from tests.plugins import mprl_testplugin
 

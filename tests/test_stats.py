@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mprl.stats import RunStats
+from mprl.host.stats import RunStats
 
 
 def test_reached_follows_the_window_mean_and_solved_latches_once_marked():
@@ -48,7 +48,7 @@ def test_worker_rates_idle_times_and_eta_reach_the_live_panel(monkeypatch):
     from rich.console import Console
 
     from mprl import stats as stats_module
-    from mprl.progress import Progress
+    from mprl.host.progress import Progress
 
     clock = [100.0]
     monkeypatch.setattr(stats_module.time, "monotonic", lambda: clock[0])

@@ -14,7 +14,7 @@ import gymnasium as gym
 import pytest
 import torch
 
-from mprl.nets import make_model, make_optimizer
+from mprl.lib.nets import make_model, make_optimizer
 from mprl.transport import FULL, Rollouts, Weights
 from mprl_impala.algorithm import COUNT_EVERY_S, ImpalaConfig, update, vtrace
 from tests.conftest import (

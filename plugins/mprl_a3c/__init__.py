@@ -8,7 +8,7 @@ computes n-step returns, and applies its gradients to the shared model through a
 from __future__ import annotations
 
 import mprl
-from mprl.nets import make_model, make_optimizer
+from mprl.lib.nets import make_model, make_optimizer
 from mprl_a3c.algorithm import A3CConfig, worker
 
 __version__ = "0.1.0"

@@ -10,7 +10,8 @@ from attrs import validators as v
 from torch import nn
 
 import mprl
-from mprl.nets import ActorCritic, ActorCriticConfig, EnvBatch
+from mprl.lib.envbatch import EnvBatch
+from mprl.lib.nets import ActorCritic, ActorCriticConfig
 
 LOG_EVERY = 50  # updates between loss records: reporting must not cost more than learning
 

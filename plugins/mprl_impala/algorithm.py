@@ -1,5 +1,5 @@
-"""IMPALA: workers collect rollouts into shared-memory slots, one train process learns with
-V-trace (Espeholt et al. 2018) and publishes weights back."""
+"""IMPALA: workers collect rollouts into rollout slots, one train process learns with V-trace
+(Espeholt et al. 2018) and publishes weights back."""
 
 from __future__ import annotations
 
@@ -10,21 +10,24 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
-import gymnasium as gym
 import torch
 from attrs import validators as v
 from torch import nn
 
 import mprl
 from mprl import schema
-from mprl.nets import ActorCritic, ActorCriticConfig, EnvBatch, field_help, rollout_spec
-from mprl.transport import Rollouts, Weights
+from mprl.lib.envbatch import EnvBatch, rollout_spec
+from mprl.lib.nets import ActorCritic, ActorCriticConfig, field_help
+from mprl.transport import RolloutSlots, WeightBroadcast
 
 LOG_EVERY_S = 2.0  # how often the learner reports losses, rates and staleness
 COUNT_EVERY_S = 1.0  # how often a worker publishes its rollout count to the Manager
 
-#: small control state in the Manager, as in the hand-written main: never bulk data
-SCHEMA = schema.Schema(collected=schema.PerWorker(0))  # rollouts handed over, per worker
+
+def _rollout(dims: schema.Dims) -> dict[str, Any]:
+    """One rollout: ``unroll`` steps of ``envs_per_worker`` environments."""
+    cfg: ImpalaConfig = dims.config
+    return rollout_spec(dims.observation_space, dims.action_space, cfg.unroll, cfg.envs_per_worker)
 
 
 @attrs.frozen
@@ -69,32 +72,30 @@ class ImpalaConfig(ActorCriticConfig):
     )
 
 
-def make_shared(
-    obs_space: gym.Space, act_space: gym.Space, config: ImpalaConfig, n_workers: int
-) -> Mapping[str, Any]:
-    """Rollout slots sized from the spaces and the config, and the weight version counter."""
-    spec = rollout_spec(obs_space, act_space, config.unroll, config.envs_per_worker)
-    return {"rollouts": Rollouts(spec, n_workers, config.slots_per_worker), "weights": Weights()}
+SCHEMA = schema.Schema(
+    rollouts=schema.Rollouts(_rollout, slots_per_worker="config.slots_per_worker"),
+    weights=schema.Weights(),
+    # small control state in the Manager, as in the hand-written main: never bulk data
+    collected=schema.PerWorker(0),  # rollouts handed over, per worker
+)
 
 
 def worker(ctx: mprl.Context) -> None:
     """Step ``envs_per_worker`` environments with the newest published policy, one batched
     forward per step, and hand each rollout to the learner through a shared-memory slot."""
     cfg: ImpalaConfig = ctx.config
-    rollouts: Rollouts = ctx.state.rollouts
-    weights: Weights = ctx.state.weights
-    shared: ActorCritic = ctx.model  # type: ignore[assignment]
-    local = copy.deepcopy(shared)
+    rollouts: RolloutSlots = ctx.state.rollouts
+    weights: WeightBroadcast = ctx.state.weights
+    local: ActorCritic = copy.deepcopy(ctx.model)  # type: ignore[assignment]
     version = -1
     envs = EnvBatch(ctx, cfg.envs_per_worker, cfg.gamma)
     collected = ctx.state.collected[ctx.rank]  # a restarted worker counts on
     published = -COUNT_EVERY_S  # the first rollout is published at once
-    while (index := rollouts.acquire(ctx.rank, ctx.should_stop)) is not None:
-        version = weights.pull(shared, local, version)
+    while (index := rollouts.acquire()) is not None:
+        version = weights.pull(local, version)
         slot = rollouts.slot(index)
         envs.rollout(local, slot)
         slot["version"].fill_(version)
-        slot["source"].fill_(ctx.rank)
         rollouts.commit(index)
         collected += 1
         if time.monotonic() - published >= COUNT_EVERY_S:
@@ -142,11 +143,14 @@ def update(
     optimizer: torch.optim.Optimizer,
     cfg: ImpalaConfig,
     batch: Mapping[str, torch.Tensor],
-    writing: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
+    publishing: Callable[[nn.Module], contextlib.AbstractContextManager[Any]] = (
+        lambda model: contextlib.nullcontext()
+    ),
 ) -> dict[str, torch.Tensor]:
-    """One V-trace update of ``model`` from ``batch`` (:meth:`Rollouts.take_batch`'s
-    ``[T, B, E, ...]`` fields); the optimizer step runs inside ``writing()`` (the learner
-    passes :meth:`Weights.writing`). Returns the losses, the entropy and the gradient norm."""
+    """One V-trace update of ``model`` from ``batch`` (``take_batch``'s ``[T, B, E, ...]``
+    fields); the optimizer step runs inside ``publishing(model)`` (the learner passes
+    :meth:`~mprl.transport.WeightBroadcast.publishing`). Returns the losses, the entropy and
+    the gradient norm."""
     obs = batch["obs"].flatten(1, 2)  # [T + 1, B * E, ...]
     actions = batch["action"].flatten(1, 2)
     t_len, n = actions.shape[:2]
@@ -172,7 +176,7 @@ def update(
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     grad_norm = nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
-    with writing():
+    with publishing(model):
         optimizer.step()
     return {
         "policy_loss": policy_loss.detach(),
@@ -185,15 +189,15 @@ def update(
 def train(ctx: mprl.Context) -> None:
     """Learn from batches of rollouts with V-trace; publish every update to the workers."""
     cfg: ImpalaConfig = ctx.config
-    rollouts: Rollouts = ctx.state.rollouts
-    weights: Weights = ctx.state.weights
+    rollouts: RolloutSlots = ctx.state.rollouts
+    weights: WeightBroadcast = ctx.state.weights
     model: ActorCritic = ctx.model  # type: ignore[assignment]
     optimizer = ctx.optimizer
     assert optimizer is not None
     last_log, updates_at_log = time.monotonic(), 0
     staleness: list[float] = []
-    while (batch := rollouts.take_batch(cfg.batch_rollouts, ctx.should_stop)) is not None:
-        stats = update(model, optimizer, cfg, batch, weights.writing)
+    while (batch := rollouts.take_batch(cfg.batch_rollouts)) is not None:
+        stats = update(model, optimizer, cfg, batch, weights.publishing)
         staleness.append(float(weights.version - 1 - batch["version"].float().mean()))
         now = time.monotonic()
         if now - last_log >= LOG_EVERY_S:

@@ -1,16 +1,16 @@
 """PPO, a built-in algorithm plugin (registered through the ``mprl`` entry point).
 
-Synchronous actor-learner: every iteration each worker fills its shared-memory rollout slot
-(:class:`mprl.transport.Rollouts`) with the current policy, the train process runs clipped PPO
-with GAE on all of them, and publishes the new weights (:class:`mprl.transport.Weights`); the
-workers wait for that version before collecting again. Waiting sleeps; nothing busy-waits.
+Synchronous actor-learner: every iteration each worker fills its rollout slot
+(``schema.Rollouts``) with the current policy, the train process runs clipped PPO with GAE on
+all of them, and publishes the new weights (``schema.Weights``); the workers wait for that
+version before collecting again. Waiting sleeps; nothing busy-waits.
 """
 
 from __future__ import annotations
 
 import mprl
-from mprl.nets import make_model, make_optimizer
-from mprl_ppo.algorithm import PPOConfig, gae, make_shared, train, worker
+from mprl.lib.nets import make_model, make_optimizer
+from mprl_ppo.algorithm import SCHEMA, PPOConfig, gae, train, worker
 
 __version__ = "0.1.0"
 __all__ = ["ALGORITHM", "PPOConfig", "gae"]
@@ -20,7 +20,7 @@ ALGORITHM = mprl.Algorithm(
     config_cls=PPOConfig,
     make_model=make_model,
     make_optimizer=make_optimizer,
-    make_shared=make_shared,
+    schema=SCHEMA,
     worker=worker,
     train=train,
     description="PPO: synchronous collecting workers, one clipped-PPO learner with GAE",

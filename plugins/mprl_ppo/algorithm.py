@@ -1,22 +1,22 @@
-"""PPO: workers collect synchronously into shared-memory rollout slots, one train process runs
-clipped PPO with GAE (Schulman et al. 2017) and publishes the new weights to all of them."""
+"""PPO: workers collect synchronously into rollout slots, one train process runs clipped PPO
+with GAE (Schulman et al. 2017) and publishes the new weights to all of them."""
 
 from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Mapping
 from typing import Any
 
 import attrs
-import gymnasium as gym
 import torch
 from attrs import validators as v
 from torch import nn
 
 import mprl
-from mprl.nets import ActorCritic, ActorCriticConfig, EnvBatch, field_help, rollout_spec
-from mprl.transport import Rollouts, Weights
+from mprl import schema
+from mprl.lib.envbatch import EnvBatch, rollout_spec
+from mprl.lib.nets import ActorCritic, ActorCriticConfig, field_help
+from mprl.transport import RolloutSlots, WeightBroadcast
 
 LOG_EVERY_S = 2.0  # how often the learner reports losses and rates
 MIN_LR_FRACTION = 0.05  # annealing stops here, so a long run keeps learning
@@ -67,35 +67,35 @@ class PPOConfig(ActorCriticConfig):
     )
 
 
-def make_shared(
-    obs_space: gym.Space, act_space: gym.Space, config: PPOConfig, n_workers: int
-) -> Mapping[str, Any]:
-    """One rollout slot per worker and the weight version counter."""
-    spec = rollout_spec(obs_space, act_space, config.n_steps, config.envs_per_worker)
-    rollouts = Rollouts(spec, n_workers, slots_per_worker=1)
-    rollouts.buffers["version"].fill_(-1)  # no slot holds a rollout of any version yet
-    return {"rollouts": rollouts, "weights": Weights()}
+def _rollout(dims: schema.Dims) -> dict[str, Any]:
+    """One iteration's rollout of a worker: ``n_steps`` steps of ``envs_per_worker`` envs."""
+    cfg: PPOConfig = dims.config
+    return rollout_spec(dims.observation_space, dims.action_space, cfg.n_steps, cfg.envs_per_worker)
+
+
+SCHEMA = schema.Schema(
+    rollouts=schema.Rollouts(_rollout, slots_per_worker=1),  # one rollout per policy version
+    weights=schema.Weights(),
+)
 
 
 def worker(ctx: mprl.Context) -> None:
     """Each iteration: wait for the learner's newest weights, fill this worker's slot with
     ``n_steps`` steps of ``envs_per_worker`` environments, hand it over."""
     cfg: PPOConfig = ctx.config
-    rollouts: Rollouts = ctx.state.rollouts
-    weights: Weights = ctx.state.weights
-    shared: ActorCritic = ctx.model  # type: ignore[assignment]
-    local = copy.deepcopy(shared)
+    rollouts: RolloutSlots = ctx.state.rollouts
+    weights: WeightBroadcast = ctx.state.weights
+    local: ActorCritic = copy.deepcopy(ctx.model)  # type: ignore[assignment]
     envs = EnvBatch(ctx, cfg.envs_per_worker, cfg.gamma)
-    while (index := rollouts.acquire(ctx.rank, ctx.should_stop)) is not None:
+    while (index := rollouts.acquire()) is not None:
         slot = rollouts.slot(index)
         # the barrier: a rollout per policy version, so wait for an update newer than the one
         # this slot last carried (the slot's version survives a restart of this worker)
-        if weights.wait(int(slot["version"]), ctx.should_stop) is None:
+        if weights.wait(int(slot["version"])) is None:
             break
-        version = weights.pull(shared, local)
+        version = weights.pull(local)
         envs.rollout(local, slot)
         slot["version"].fill_(version)
-        slot["source"].fill_(ctx.rank)
         rollouts.commit(index)
     envs.close()
 
@@ -119,15 +119,15 @@ def train(ctx: mprl.Context) -> None:
     """Each iteration: take every worker's rollout, run ``epochs`` of clipped-PPO minibatch
     updates on them, publish the new weights (which releases the workers)."""
     cfg: PPOConfig = ctx.config
-    rollouts: Rollouts = ctx.state.rollouts
-    weights: Weights = ctx.state.weights
+    rollouts: RolloutSlots = ctx.state.rollouts
+    weights: WeightBroadcast = ctx.state.weights
     model: ActorCritic = ctx.model  # type: ignore[assignment]
     optimizer = ctx.optimizer
     assert optimizer is not None
     generator = torch.Generator().manual_seed(ctx.seed)
     last_log, updates_at_log = time.monotonic(), weights.version
     report: dict[str, float] = {}
-    while (batch := rollouts.take_batch(ctx.n_workers, ctx.should_stop)) is not None:
+    while (batch := rollouts.take_batch(ctx.n_workers)) is not None:
         obs = batch["obs"].flatten(1, 2)  # [T + 1, N, ...]
         t_len, n = batch["reward"].flatten(1, 2).shape
         with torch.no_grad():
@@ -148,7 +148,7 @@ def train(ctx: mprl.Context) -> None:
             fraction = max(MIN_LR_FRACTION, 1.0 - ctx.env_steps / cfg.anneal_steps)
         for group in optimizer.param_groups:
             group["lr"] = cfg.lr * fraction
-        with weights.writing():
+        with weights.publishing(model):
             report = _update(ctx, cfg, model, optimizer, data, generator)
         report["lr"] = cfg.lr * fraction
         if time.monotonic() - last_log >= LOG_EVERY_S:

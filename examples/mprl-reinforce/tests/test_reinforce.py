@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import mprl
-from mprl.plugins import PluginManager
+from mprl.host.plugins import PluginManager
 from mprl.schema import SharedState
 from mprl.testing import HookRecorder, SerialResult, registered
 

@@ -1,5 +1,6 @@
 """Actor-critic networks for Discrete (categorical) and Box (diagonal Gaussian) action spaces,
-for algorithm plugins to build on (the built-in a3c and impala use them)."""
+their config, and an Adam for shared use: for algorithm plugins to build on (the built-in a3c,
+impala and ppo use them)."""
 
 from __future__ import annotations
 
@@ -174,101 +175,3 @@ def make_optimizer(
         return Adam(params, lr=config.lr, eps=1e-5, fused=True)
     except RuntimeError:  # torch < 2.4: no fused Adam on CPU
         return Adam(params, lr=config.lr, eps=1e-5)
-
-
-def rollout_spec(
-    obs_space: gym.Space, act_space: gym.Space, steps: int, envs: int
-) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
-    """The :class:`mprl.transport.Rollouts` spec of :meth:`EnvBatch.rollout`: ``steps`` steps of
-    ``envs`` environments, and the observations after the last step."""
-    discrete = isinstance(act_space, gym.spaces.Discrete)
-    return {
-        "obs": ((steps + 1, envs, *obs_space.shape), torch.float32),
-        "action": ((steps, envs), torch.int64)
-        if discrete
-        else ((steps, envs, *act_space.shape), torch.float32),
-        "logp": ((steps, envs), torch.float32),
-        "reward": ((steps, envs), torch.float32),
-        "done": ((steps, envs), torch.float32),
-    }
-
-
-class EnvBatch:
-    """The environments of one worker, stepped together: episode returns logged, time-limit
-    truncation bootstrapped with the value of where the episode stopped, finished ones reset.
-
-    :param ctx: the worker's Context (environments and episode logging come from it).
-    :param n: how many environments.
-    :param gamma: the discount used for the truncation bootstrap.
-    """
-
-    def __init__(self, ctx: Any, n: int, gamma: float) -> None:
-        self.ctx, self.gamma = ctx, gamma
-        self.envs = [ctx.make_env(i) for i in range(n)]
-        self.obs = torch.as_tensor(
-            np.stack([env.reset()[0] for env in self.envs]), dtype=torch.float32
-        )
-        self.ep_return = [0.0] * n  # Python numbers: a numpy item update costs 4x as much
-        self.ep_start = [0] * n  # the value of self.t when each env's episode began
-        self.t = 0  # steps of this batch so far
-        self.rewards = np.zeros(n, dtype=np.float32)
-        self.dones = np.zeros(n, dtype=np.float32)
-
-    def __len__(self) -> int:
-        return len(self.envs)
-
-    def step(self, model: ActorCritic, actions: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
-        """Step every env with ``actions``; ``self.obs`` becomes the next observations. Returns
-        the rewards and dones (views, overwritten by the next call)."""
-        self.rewards[:], self.dones[:] = self._step(model, actions)
-        return self.rewards, self.dones
-
-    def _step(self, model: ActorCritic, actions: torch.Tensor) -> tuple[list, list]:
-        env_actions = model.to_env(actions)
-        ep_return = self.ep_return
-        self.t += 1
-        next_obs, rewards, dones = [], [], [False] * len(self.envs)
-        for i, env in enumerate(self.envs):
-            o, r, terminated, truncated, _ = env.step(env_actions[i])
-            ep_return[i] += r
-            if terminated or truncated:
-                if not terminated:
-                    # a time limit, not a failure: the value of where it stopped still counts
-                    with torch.no_grad():
-                        r += self.gamma * model.v(torch.as_tensor(o, dtype=torch.float32)).item()
-                self.ctx.log_episode(ep_return[i], self.t - self.ep_start[i])
-                ep_return[i], self.ep_start[i], dones[i] = 0.0, self.t, True
-                o, _ = env.reset()
-            next_obs.append(o)
-            rewards.append(r)
-        self.obs = torch.as_tensor(np.stack(next_obs), dtype=torch.float32)
-        return rewards, dones
-
-    def rollout(self, model: ActorCritic, slot: dict[str, torch.Tensor]) -> None:
-        """Act with ``model`` for as many steps as ``slot`` holds (one batched forward per step)
-        and write the rollout into it in place: the fields of :func:`rollout_spec`."""
-        steps = slot["action"].shape[0]
-        obs, actions, logps, rewards, dones = [], [], [], [], []
-        for _ in range(steps):
-            with torch.no_grad():
-                out = model.pi(self.obs)  # acting needs the policy head only
-                action = model.sample(out)
-                logp, _ = model.log_prob_entropy(out, action)
-            obs.append(self.obs)
-            actions.append(action)
-            logps.append(logp)
-            reward, done = self._step(model, action)
-            rewards.append(reward)
-            dones.append(done)
-        obs.append(self.obs)
-        # one write per field and rollout, not one per step
-        torch.stack(obs, out=slot["obs"])
-        torch.stack(actions, out=slot["action"])
-        torch.stack(logps, out=slot["logp"])
-        slot["reward"].numpy()[:] = rewards
-        slot["done"].numpy()[:] = dones
-        self.ctx.add_steps(steps * len(self.envs))
-
-    def close(self) -> None:
-        for env in self.envs:
-            env.close()

@@ -1,4 +1,5 @@
-"""Finding plugins: entry points in the ``mprl`` group, built-ins, block list and tracing.
+"""Finding plugins: the core's own (:data:`DEFAULT_PLUGINS`), entry points in the ``mprl``
+group, block list and tracing; and what they register (algorithms, backends).
 
 :func:`get_plugin_manager` is a factory, not a global: each call gives a fresh manager, so tests
 build one with ``autoload=False`` and register plugin objects inline.
@@ -6,18 +7,22 @@ build one with ``autoload=False`` and register plugin objects inline.
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata as md
 import os
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import attrs
 import pluggy
 
-from mprl import NAME, __version__, hookspecs
+from mprl import hookspecs
 from mprl.algorithm import Algorithm
-from mprl.errors import PluginError
+from mprl.backends.base import Backend
+from mprl.errors import PluginError, UsageError
+from mprl.hookspecs import NAME
+from mprl.version import __version__
 
 #: Comma-separated plugin names not to load (like ``-p no:NAME``).
 BLOCK_ENV = "MPRL_BLOCK_PLUGINS"
@@ -26,7 +31,9 @@ NO_AUTOLOAD_ENV = "MPRL_DISABLE_PLUGIN_AUTOLOAD"
 #: Set to 1 to print every hook call and its result.
 TRACE_ENV = "MPRL_TRACE"
 
-BUILTIN_PLUGINS = ("mprl.builtin",)
+#: the core's own plugins, registered by module name before the entry points: gymnasium's
+#: environments and the built-in backends
+DEFAULT_PLUGINS = ("mprl.host.envs", "mprl.backends.local", "mprl.backends.serial")
 
 
 @attrs.frozen
@@ -55,6 +62,17 @@ class PluginInfo:
     version: str
     algorithms: tuple[str, ...]
     hooks: tuple[str, ...]
+    backends: tuple[str, ...] = ()
+
+
+@attrs.frozen
+class BackendInfo:
+    """A backend some plugin registered: ``factory()`` makes one for a run."""
+
+    name: str
+    plugin: str
+    factory: Callable[[], Backend]
+    description: str = ""
 
 
 class PluginManager(pluggy.PluginManager):
@@ -66,6 +84,7 @@ class PluginManager(pluggy.PluginManager):
         self.failed: list[FailedPlugin] = []
         self.distributions: dict[str, tuple[str, str]] = {}
         self._algorithms: dict[str, tuple[str, Algorithm]] | None = None
+        self._backends: dict[str, BackendInfo] | None = None
         self._blocked: list[str] = []
 
     # -- loading ---------------------------------------------------------------------------
@@ -85,7 +104,7 @@ class PluginManager(pluggy.PluginManager):
                 continue
             self.register(plugin, name=ep.name)
             self.distributions[ep.name] = (dist, version)
-        self._algorithms = None
+        self._algorithms = self._backends = None
 
     def set_blocked(self, name: str) -> None:
         super().set_blocked(name)
@@ -96,14 +115,14 @@ class PluginManager(pluggy.PluginManager):
         return list(self._blocked)
 
     def register(self, plugin: object, name: str | None = None) -> str | None:
-        self._algorithms = None
+        self._algorithms = self._backends = None
         try:
             return super().register(plugin, name=name)
         except pluggy.PluginValidationError as exc:
             raise PluginError(f"plugin {name or plugin!r}: {exc}") from None
 
     def unregister(self, plugin: object | None = None, name: str | None = None) -> Any:
-        self._algorithms = None
+        self._algorithms = self._backends = None
         return super().unregister(plugin=plugin, name=name)
 
     def check(self) -> None:
@@ -186,10 +205,55 @@ class PluginManager(pluggy.PluginManager):
             )
         raise PluginError(msg)
 
+    # -- backends --------------------------------------------------------------------------
+
+    def backends(self) -> dict[str, BackendInfo]:
+        """Every registered backend by name; the first registration of a name wins."""
+        if self._backends is not None:
+            return self._backends
+        found: dict[str, BackendInfo] = {}
+        for impl in reversed(self.hook.mprl_register_backends.get_hookimpls()):
+
+            def register(
+                name: str, factory: Any, description: str = "", _plugin: str = impl.plugin_name
+            ) -> None:
+                if not (isinstance(name, str) and name) or not callable(factory):
+                    raise PluginError(
+                        f"plugin {_plugin!r}: mprl_register_backends called register("
+                        f"{name!r}, {factory!r}); expected a name and a backend factory"
+                    )
+                found.setdefault(name, BackendInfo(name, _plugin, factory, description))
+
+            try:
+                self.call_one("mprl_register_backends", impl.plugin, register=register)
+            except PluginError:
+                raise
+            except Exception as exc:
+                raise PluginError(
+                    f"plugin {impl.plugin_name!r}: mprl_register_backends raised "
+                    f"{type(exc).__name__}: {exc}"
+                ) from exc
+        self._backends = found
+        return found
+
+    def backend(self, name: str) -> Backend:
+        """A new backend ``name`` for one run; unknown names list the available ones."""
+        info = self.backends().get(name)
+        if info is None:
+            known = ", ".join(sorted(self.backends())) or "none"
+            raise UsageError(f"no plugin provides backend {name!r}; available: {known}")
+        backend = info.factory()
+        if not isinstance(backend, Backend):
+            raise PluginError(
+                f"plugin {info.plugin!r}: backend {name!r} is a {type(backend).__name__}, not "
+                "an mprl.backends.base.Backend"
+            )
+        return backend
+
     def distribution_of(self, plugin_name: str) -> tuple[str, str]:
         if plugin_name in self.distributions:
             return self.distributions[plugin_name]
-        if plugin_name in BUILTIN_PLUGINS:
+        if plugin_name in DEFAULT_PLUGINS:
             return ("mprl", __version__)
         return ("(registered in code)", "-")
 
@@ -197,12 +261,16 @@ class PluginManager(pluggy.PluginManager):
         by_plugin: dict[str, list[str]] = {}
         for algo_name, (plugin_name, _) in self.algorithms().items():
             by_plugin.setdefault(plugin_name, []).append(algo_name)
+        backends: dict[str, list[str]] = {}
+        for backend in self.backends().values():
+            backends.setdefault(backend.plugin, []).append(backend.name)
         rows = []
         for name, plugin in sorted(self.list_name_plugin()):
             hooks = tuple(sorted(c.name for c in self.get_hookcallers(plugin) or ()))
             dist, version = self.distribution_of(name)
+            algos = tuple(sorted(by_plugin.get(name, ())))
             rows.append(
-                PluginInfo(name, dist, version, tuple(sorted(by_plugin.get(name, ()))), hooks)
+                PluginInfo(name, dist, version, algos, hooks, tuple(backends.get(name, ())))
             )
         return rows
 
@@ -219,15 +287,14 @@ def get_plugin_manager(
     :param autoload: load entry-point plugins; default: yes unless ``MPRL_DISABLE_PLUGIN_AUTOLOAD``
         is set.
     :param blocked: plugin names never to register (added to ``MPRL_BLOCK_PLUGINS``).
-    :param builtins: register the core's built-in plugin (default env factory, local backend).
+    :param builtins: register :data:`DEFAULT_PLUGINS` (gymnasium's envs, the backends).
     """
     pm = PluginManager()
     for name in (*blocked, *blocked_from_env()):
         pm.set_blocked(name)
-    if builtins:
-        from mprl import builtin
-
-        pm.register(builtin, name="mprl.builtin")
+    for name in DEFAULT_PLUGINS if builtins else ():
+        if not pm.is_blocked(name):
+            pm.register(importlib.import_module(name), name=name)
     if autoload is None:
         autoload = os.environ.get(NO_AUTOLOAD_ENV, "") in ("", "0")
     if autoload:

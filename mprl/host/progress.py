@@ -7,7 +7,7 @@ import sys
 import time
 from typing import Any, TextIO
 
-from mprl.stats import Snapshot
+from mprl.host.stats import Snapshot
 
 PLAIN_EVERY_S = 5.0
 

@@ -10,12 +10,12 @@ from typing import Any
 import gymnasium as gym
 import torch
 
-from mprl import checkpoint
-from mprl.envs import make_env, play_episodes
 from mprl.errors import UsageError
-from mprl.plugins import PluginManager, get_plugin_manager
-from mprl.rundir import atomic_write
-from mprl.runner import prepare
+from mprl.host import checkpoint
+from mprl.host.envs import make_env, play_episodes
+from mprl.host.job import resolve
+from mprl.host.plugins import PluginManager, get_plugin_manager
+from mprl.host.rundir import atomic_write
 
 
 def evaluate(
@@ -50,7 +50,7 @@ def evaluate(
     file, data = checkpoint.load(source)
     pm = plugins or get_plugin_manager()
     try:
-        _, algo, config, run_cfg = prepare(data["algorithm"], pm, data["config"], data["run"])
+        _, algo, config, run_cfg = resolve(data["algorithm"], pm, data["config"], data["run"])
     except UsageError as exc:
         raise UsageError(
             f"checkpoint {str(file)!r} was written by algorithm {data['algorithm']!r} of plugin "

@@ -1,9 +1,10 @@
-"""Creating environments through the ``mprl_make_env`` hook, with errors that name the culprit."""
+"""Environments through the ``mprl_make_env`` hook, with errors that name the culprit; and the
+built-in implementation of that hook (gymnasium's registry), a plugin registered by default."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 import numpy as np
@@ -11,7 +12,17 @@ import torch
 
 from mprl.context import derive_seed
 from mprl.errors import PluginError, UsageError
-from mprl.plugins import PluginManager
+from mprl.hookspecs import hookimpl
+
+if TYPE_CHECKING:
+    from mprl.host.plugins import PluginManager
+
+
+@hookimpl(trylast=True)
+def mprl_make_env(env_id: str, render_mode: str | None) -> gym.Env:
+    if render_mode is None:  # older envs take no render_mode at all
+        return gym.make(env_id)
+    return gym.make(env_id, render_mode=render_mode)
 
 
 def make_env(
@@ -31,7 +42,7 @@ def make_env(
         try:
             env = pm.call_one("mprl_make_env", impl.plugin, **kwargs)
         except gym.error.Error as exc:
-            if impl.plugin_name == "mprl.builtin":
+            if impl.plugin_name == __name__:
                 raise UsageError(f"unknown gymnasium environment {env_id!r}: {exc}") from None
             raise PluginError(f"plugin {impl.plugin_name!r}: mprl_make_env failed: {exc}") from exc
         if env is None:
@@ -43,6 +54,26 @@ def make_env(
             )
         return env
     raise UsageError(f"no plugin could create environment {env_id!r}")
+
+
+class EnvFactory:
+    """``factory(env_id, seed=, rank=, index=)``: :func:`make_env` with the run's plugins, for
+    :class:`mprl.Context`. Pickled into a spawned process, it builds a plugin manager there on
+    first use (installed plugins, the run's blocked ones left out)."""
+
+    def __init__(self, pm: PluginManager) -> None:
+        self._pm: PluginManager | None = pm
+        self.blocked = tuple(pm.blocked_names())
+
+    def __call__(self, env_id: str, **kwargs: Any) -> gym.Env:
+        if self._pm is None:
+            from mprl.host.plugins import get_plugin_manager
+
+            self._pm = get_plugin_manager(blocked=self.blocked)
+        return make_env(self._pm, env_id, **kwargs)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"_pm": None, "blocked": self.blocked}
 
 
 def play_episodes(

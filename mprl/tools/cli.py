@@ -14,8 +14,8 @@ from typing import Any
 
 import attrs
 
-from mprl import __version__
-from mprl.config import (
+from mprl.errors import RunFailed, UsageError
+from mprl.host.config import (
     build,
     describe_fields,
     fields_of,
@@ -23,9 +23,9 @@ from mprl.config import (
     parse_assignments,
     parse_value,
 )
-from mprl.errors import RunFailed, UsageError
-from mprl.plugins import PluginManager, get_plugin_manager
-from mprl.runner import RunConfig
+from mprl.host.plugins import PluginManager, get_plugin_manager
+from mprl.run_types import RunConfig
+from mprl.version import __version__
 
 EXIT_FAILED, EXIT_USAGE = 1, 2
 
@@ -168,7 +168,7 @@ def _plugin_help(pm: PluginManager, name: str) -> str:
 
 
 def _cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from mprl.runner import run
+    from mprl.host.runner import run
 
     pm = get_plugin_manager(blocked=_blocked(args.plugin_options))
     run_parser = parser._subparsers._group_actions[0].choices["run"]  # type: ignore[union-attr]
@@ -264,7 +264,7 @@ def _cmd_plugins(args: argparse.Namespace) -> int:
 
 
 def _cmd_plot(args: argparse.Namespace) -> int:
-    from mprl.report import plot_runs
+    from mprl.tools.report import plot_runs
 
     out = plot_runs(args.run_dirs, args.out, labels=args.labels, window=args.window)
     print(f"mprl: wrote {out}")
@@ -272,7 +272,7 @@ def _cmd_plot(args: argparse.Namespace) -> int:
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
-    from mprl.evaluate import evaluate
+    from mprl.tools.evaluate import evaluate
 
     r = evaluate(
         args.source, episodes=args.episodes, deterministic=args.deterministic, seed=args.seed,
@@ -289,7 +289,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
 
 def _cmd_runs(args: argparse.Namespace) -> int:
-    from mprl.report import format_runs, list_runs
+    from mprl.tools.report import format_runs, list_runs
 
     print(format_runs(list_runs(args.directory), args.directory))
     return 0

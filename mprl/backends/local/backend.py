@@ -1,9 +1,10 @@
 """The local backend: spawned processes on this machine, supervised from the main process.
 
 The classic hand-written main, made robust: ``spawn`` context (the user's global start method is
-left alone), a Manager for the plugin's control state, workers started one after another with an
-optional sleep, one optional train process, then supervision through process sentinels, so a
-crashed child stops the run instead of hanging ``join()``.
+left alone), a Manager for the plugin's control state, shared memory for its tensors and
+transport, workers started one after another with an optional sleep, one optional train
+process, then supervision through process sentinels, so a crashed child stops the run instead
+of hanging ``join()``.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import faulthandler
 import multiprocessing as mp
 import os
 import queue
-import random
 import signal
 import sys
 import tempfile
@@ -29,120 +29,26 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-import numpy as np
 import torch
 
-from mprl.backend import ChildFailure, Job, Monitor, Outcome
-from mprl.context import Context, episode_record
+from mprl.backends import base
+from mprl.backends.base import Job, Monitor, Outcome, Role
+from mprl.backends.local import preflight
+from mprl.backends.local.channel import LocalChannel
+from mprl.backends.restart import RestartPolicy
+from mprl.backends.tensors import TensorStateBuilder
+from mprl.context import Context
+from mprl.errors import UsageError
+from mprl.run_types import ChildFailure
 
 #: Seconds children get to return after the stop flag is set, before SIGTERM, then SIGKILL.
 STOP_GRACE_S = 5.0
 KILL_GRACE_S = 2.0
-TICK_S = 0.25
-MAX_RESTART_DELAY_S = 60.0
 #: a child's first heartbeat comes after its imports; until then, and while it does other
 #: start-up work (an optimizer's first use), it gets at least this long
 STARTUP_TIMEOUT_S = 120.0
-_STOP = 0  # index of the stop flag in the control tensor
 _STOP_SIGNALS = (-signal.SIGTERM, -signal.SIGINT)
 PARENT_DIED_EXIT = 70  # a child's exit code when it left because the main process died
-_EPISODES = "_episodes"  # the key of a record of packed episodes (LocalChannel.episode)
-
-
-class LocalChannel:
-    """Shared-memory control block and a metrics queue; nothing here talks to the Manager.
-
-    ``steps`` has one counter per worker, one for the train process and one for the steps of
-    earlier sessions of a resumed run; ``beats`` has each child's last sign of life
-    (``time.monotonic()``, which is one clock for every process on the machine; negated while the
-    child does start-up work, 0 before its first beat). Children write
-    through numpy views of the tensors: a store is a few hundred nanoseconds. Records are sent
-    in batches (every ``FLUSH_S`` or ``FLUSH_N`` records), so a worker finishing thousands of
-    episodes a second does not pay a queue put, and its feeder thread's wake-up, for each
-    (with 256 records a put, those still cost a CartPole worker 3% of its speed).
-    Episodes are packed as rows of one array until they are sent: a dict built and pickled
-    for each cost a worker stepping CartPole a tenth of its speed. The main process unpacks
-    them (:meth:`unpack`).
-    """
-
-    FLUSH_S = 0.2
-    FLUSH_N = 4096  # the time limit sends first at a few thousand records a second
-
-    def __init__(self, n_workers: int, records: Any) -> None:
-        self.control = torch.zeros(1, dtype=torch.int64).share_memory_()
-        self.steps = torch.zeros(n_workers + 2, dtype=torch.int64).share_memory_()
-        self.beats = torch.zeros(n_workers + 1, dtype=torch.float64).share_memory_()
-        self.records = records
-        self._local()
-
-    def _local(self) -> None:
-        self._control, self._steps, self._beats = (
-            t.numpy() for t in (self.control, self.steps, self.beats)
-        )
-        self._steps_mv = memoryview(self._steps)  # summed in Python: a tenth of numpy's cost
-        self._pending: list[dict[str, Any]] = []
-        self._episodes: list[tuple[float, int, float, int]] = []
-        self._episode_source = ""
-        self._flushed = time.monotonic()
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in ("control", "steps", "beats", "records")}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._local()
-
-    def beat(self, slot: int, starting: bool = False) -> None:
-        now = time.monotonic()
-        self._beats[slot] = -now if starting else now  # negative: in start-up work since -now
-        if (self._pending or self._episodes) and now - self._flushed >= self.FLUSH_S:
-            self.flush()
-
-    def should_stop(self, slot: int) -> bool:
-        self.beat(slot)
-        return bool(self._control[_STOP])
-
-    def add_steps(self, slot: int, n: int) -> None:
-        self._steps[slot] += n  # each process owns its slot: no lock needed
-        self.beat(slot)
-
-    def env_steps(self) -> int:
-        return sum(self._steps_mv)
-
-    def send(self, slot: int, record: dict[str, Any]) -> None:
-        self._pending.append(record)
-        if len(self._pending) >= self.FLUSH_N:
-            self.flush()
-        self.beat(slot)
-
-    def episode(self, slot: int, source: str, episode_return: float, episode_length: int) -> None:
-        self._episodes.append((time.time(), self.env_steps(), episode_return, episode_length))
-        self._episode_source = source
-        if len(self._episodes) >= self.FLUSH_N:
-            self.flush()
-        self.beat(slot)
-
-    def flush(self) -> None:
-        """Send the pending records now (one queue item)."""
-        if self._episodes:
-            packed = np.array(self._episodes, dtype=np.float64)  # exact: steps < 2**53
-            self._pending.append({"source": self._episode_source, _EPISODES: packed})
-            self._episodes = []
-        if self._pending:
-            self.records.put(self._pending)
-            self._pending = []
-        self._flushed = time.monotonic()
-
-    @staticmethod
-    def unpack(sent: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
-        """The records of one queue item, packed episodes unpacked."""
-        for item in sent:
-            if _EPISODES not in item:
-                yield item
-                continue
-            source = item["source"]
-            for wall, step, ret, length in item[_EPISODES].tolist():
-                yield episode_record(source, int(step), wall, ret, int(length))
 
 
 def _set_process_name(name: str) -> None:
@@ -190,9 +96,7 @@ def _child_main(fn: Callable[[Context], None], ctx: Context, threads: int, stack
     stacks = open(stack_file, "w")  # noqa: SIM115 - open for the life of the process
     faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
     torch.set_num_threads(threads)
-    random.seed(ctx.seed)
-    np.random.seed(ctx.seed)
-    torch.manual_seed(ctx.seed)
+    base.seed_process(ctx.seed)
     ctx.heartbeat()
     profile = cProfile.Profile() if os.environ.get("MPRL_PROFILE") == "1" else None
     try:
@@ -208,24 +112,14 @@ def _child_main(fn: Callable[[Context], None], ctx: Context, threads: int, stack
     if profile is not None:
         profile.dump_stats(str(Path(stack_file).with_suffix(".prof")))
     ctx.channel.flush()
-    ctx.channel.records.close()
-    ctx.channel.records.join_thread()  # every record (a traceback too) reaches the main process
+    channel: Any = ctx.channel
+    channel.records.close()
+    channel.records.join_thread()  # every record (a traceback too) reaches the main process
     sys.stdout.flush()
     sys.stderr.flush()
     # skip the interpreter's teardown (a second or so with torch loaded): shutdown is faster,
     # and nothing of this process needs it (shared memory is released by the kernel)
     os._exit(code)
-
-
-def _describe_exit(code: int | None) -> str:
-    if code is None:
-        return "did not exit"
-    if code < 0:
-        try:
-            return f"killed by signal {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exited with code {code}"
 
 
 @contextlib.contextmanager
@@ -254,38 +148,63 @@ def threads_per_child(n_children: int) -> int:
     return max(1, (os.cpu_count() or 1) // n_children)
 
 
+def _optimizer_tensors(optimizer: torch.optim.Optimizer | None) -> list[torch.Tensor]:
+    if optimizer is None:
+        return []
+    return [
+        value
+        for state in optimizer.state.values()
+        for value in state.values()
+        if isinstance(value, torch.Tensor)
+    ]
+
+
 @attrs.define(eq=False)
 class _Child:
     """One rank of the job and the process currently running it."""
 
-    role: str
-    rank: int
-    slot: int  # its index in the step and heartbeat counters
+    role: Role
     process: Any = None
     stack_file: str = ""
     restarts: int = 0  # restarts spent on this rank
-    consecutive: int = 0  # failures in a row without a step in between
+    in_a_row: int = 0  # failures in a row without a step in between
     steps_at_start: int = 0
     started_at: float = 0.0
     restart_at: float | None = None  # monotonic time of a pending restart
     done: bool = False  # ended for good
 
-    @property
-    def who(self) -> str:
-        return self.role if self.rank < 0 else f"{self.role} {self.rank}"
-
-    @property
-    def source(self) -> str:
-        return "trainer" if self.role == "trainer" else f"worker:{self.rank}"
-
     def live(self) -> bool:
         return not self.done and self.restart_at is None
 
 
-class LocalBackend:
+class LocalBackend(base.Backend):
     """Runs a job in spawned processes on this machine."""
 
     name = "local"
+
+    def prepare(self, job: Job) -> list[str]:
+        """Refuse a run started while a child imports the user's script; check that what the
+        run shares fits ``/dev/shm`` and the open-file limit; put the model and the optimizer
+        state in shared memory."""
+        # spawn sets _inheriting while a child imports the parent's main module
+        if getattr(mp.current_process(), "_inheriting", False):
+            raise UsageError(
+                "mprl.run() was called while a spawned child process was importing your "
+                "script. Child processes re-import the main module, so start the run under "
+                '`if __name__ == "__main__":` (see the README)'
+            )
+        tensors = [*job.model.parameters(), *job.model.buffers()]
+        nbytes, storages = preflight.shared_bytes([*tensors, *_optimizer_tensors(job.optimizer)])
+        state_bytes, state_tensors = job.algorithm.schema.memory(job.dims)
+        notes = preflight.check(
+            shm_bytes=nbytes + state_bytes,
+            storages=storages + state_tensors + 3,  # + the channel's
+            processes=len(job.roles()) + 1,
+        )
+        job.model.share_memory()
+        for value in _optimizer_tensors(job.optimizer):
+            value.share_memory_()
+        return notes
 
     def execute(self, job: Job, monitor: Monitor) -> Outcome:
         # all state lives in _LocalRun, so nothing of the run (its queue's semaphores) outlives
@@ -298,6 +217,7 @@ class _LocalRun:
 
     def __init__(self, job: Job, monitor: Monitor) -> None:
         self.job, self.monitor = job, monitor
+        self.policy = RestartPolicy.of(job.run)
         self._tmp = None if job.run_dir is not None else tempfile.TemporaryDirectory()
         # where each child's stack goes when it is killed for hanging (see _child_main)
         self.logs = Path(self._tmp.name if self._tmp else job.run_dir) / "logs"  # type: ignore[arg-type]
@@ -306,17 +226,13 @@ class _LocalRun:
     def execute(self) -> Outcome:
         job, monitor = self.job, self.monitor
         self.ctx = mp.get_context("spawn")
-        n = job.run.workers
-        has_trainer = job.algorithm.train is not None
-        self.threads = job.run.torch_threads or threads_per_child(n + int(has_trainer))
+        self.children = [_Child(role) for role in job.roles()]
+        self.threads = job.run.torch_threads or threads_per_child(len(self.children))
         manager: SyncManager | None = None
         records = self.ctx.Queue()
         self.errors: dict[str, str] = {}
-        self.children = [_Child("worker", r, r) for r in range(n)]
-        if has_trainer:  # started first: it is ready when the first experience arrives
-            self.children.insert(0, _Child("trainer", -1, n))
         try:
-            self.channel = channel = LocalChannel(n, records)
+            self.channel = channel = LocalChannel(job.run.workers, records)
             if job.initial_steps:
                 channel.steps.copy_(torch.tensor(job.initial_steps, dtype=torch.int64))
             with _child_environment(self.threads):
@@ -324,22 +240,26 @@ class _LocalRun:
                     server = SyncManager(ctx=self.ctx)
                     server.start(initializer=_init_manager, initargs=("mprl-manager",))
                     manager = server
-                self.state, skipped = job.build_state(manager)
+                builder = TensorStateBuilder(
+                    manager, job.model, job.algorithm.make_model, share=True, sleep=True
+                )
+                self.state, skipped = job.build_state(builder)
             if skipped:
-                self._event("state-not-restored", job.skipped_message(skipped))
+                self._event("state-not-restored", skipped)
             monitor.on_start(self.state)
-            for child in self.children:
+            interval = job.run.start_interval
+            for i, child in enumerate(self.children):
                 self._start(child)
-                if child.role == "worker" and job.run.start_interval and child.rank < n - 1:
-                    time.sleep(job.run.start_interval)
+                if interval and child.role.role == "worker" and i < len(self.children) - 1:
+                    time.sleep(interval)
             server_process = manager._process if manager is not None else None  # type: ignore[attr-defined]
             reason, failures = self._supervise(server_process)
             stop_start = time.monotonic()
-            channel.control[_STOP] = 1
+            channel.stop()
             failures += self._stop()
             shutdown_s = time.monotonic() - stop_start
             monitor.on_stop(channel.steps.tolist())
-            restarts = tuple(c.restarts for c in self.children if c.role == "worker")
+            restarts = tuple(c.restarts for c in self.children if c.role.role == "worker")
             return Outcome(reason, failures, restarts, round(shutdown_s, 3))
         finally:
             for child in self.children:  # only reached with live children on an unexpected error
@@ -361,17 +281,17 @@ class _LocalRun:
 
     def _start(self, child: _Child) -> None:
         """Start (or restart) the process of ``child``'s rank."""
-        job = self.job
-        context = job.context(child.role, child.rank, self.state, self.channel, child.restarts)
+        job, role = self.job, child.role
+        context = job.context(role, self.state, self.channel, child.restarts)
         if not child.stack_file:
-            child.stack_file = str(self.logs / f"{child.source.replace(':', '-')}.stack")
-        name = f"mprl-{child.role}" + (f"-{child.rank}" if child.rank >= 0 else "")
-        child.steps_at_start = int(self.channel.steps[child.slot])
+            child.stack_file = str(self.logs / f"{role.source.replace(':', '-')}.stack")
+        name = f"mprl-{role.role}" + (f"-{role.rank}" if role.rank >= 0 else "")
+        child.steps_at_start = int(self.channel.steps[role.slot])
         child.started_at = time.monotonic()
-        self.channel.beats[child.slot] = 0.0  # "starting": the child's first beat sets it
+        self.channel.beats[role.slot] = 0.0  # "starting": the child's first beat sets it
         child.process = self.ctx.Process(
             target=_child_main,
-            args=(job.function(child.role), context, self.threads, child.stack_file),
+            args=(job.function(role), context, self.threads, child.stack_file),
             name=name,
             daemon=True,
         )
@@ -390,7 +310,7 @@ class _LocalRun:
             self._drain()
             failures = []
             if server is not None and server.exitcode is not None:
-                reason = f"{_describe_exit(server.exitcode)} (shared state is lost)"
+                reason = f"{base.describe_exit(server.exitcode)} (shared state is lost)"
                 failures.append(ChildFailure("Manager server", -1, server.exitcode, reason))
             now = time.monotonic()
             for child in self.children:
@@ -398,7 +318,7 @@ class _LocalRun:
                     continue
                 code = child.process.exitcode
                 if code is None:
-                    last = float(self.channel.beats[child.slot])
+                    last = float(self.channel.beats[child.role.slot])
                     silent = now - (abs(last) or child.started_at)
                     limit = timeout if last > 0 else max(timeout, STARTUP_TIMEOUT_S)
                     if not timeout or silent < limit:
@@ -409,8 +329,8 @@ class _LocalRun:
                     continue
                 else:
                     self._drain()
-                    tb = self.errors.pop(child.source, "")
-                    failure = ChildFailure(child.role, child.rank, code, _describe_exit(code), tb)
+                    tb = self.errors.pop(child.role.source, "")
+                    failure = base.failure(child.role, code, tb)
                     if code in _STOP_SIGNALS and self._stop_requested():
                         # SIGTERM / SIGINT sent to the whole process group (timeout, systemd,
                         # docker stop) also reached the main process: a stop, not a crash
@@ -423,18 +343,14 @@ class _LocalRun:
             for child in self.children:
                 if child.restart_at is not None and now >= child.restart_at:
                     self._start(child)
-            workers = [c for c in self.children if c.role == "worker"]
-            if all(c.done for c in workers):
-                return "workers finished", []
-            if any(c.done for c in self.children if c.role == "trainer"):
-                return "trainer finished", []
-            if reason := self._stop_reason():
+            done = [c.role for c in self.children if c.done]
+            if reason := base.end_reason(self.job, done) or self._stop_reason():
                 return reason, []
             sentinels = [c.process.sentinel for c in self.children if c.live()]
             if server is not None:
                 sentinels.append(server.sentinel)
             pending = [c.restart_at for c in self.children if c.restart_at is not None]
-            wait(sentinels, timeout=min([TICK_S, *(t - now for t in pending)]))
+            wait(sentinels, timeout=min([base.TICK_S, *(t - now for t in pending)]))
 
     def _stop_reason(self) -> str | None:
         steps = self.channel.steps.tolist()
@@ -461,41 +377,28 @@ class _LocalRun:
             f"{self.job.run.worker_timeout:g}); killed"
         )
         tb = f"stack when it was killed:\n{stack}" if stack.strip() else ""
-        return ChildFailure(child.role, child.rank, child.process.exitcode, reason, tb)
+        return base.failure(child.role, child.process.exitcode, tb, reason)
 
     def _restart_or_fail(self, child: _Child, failure: ChildFailure) -> ChildFailure | None:
         """Schedule a restart of ``child``'s rank, or return the failure that ends the run."""
-        run = self.job.run
-        progressed = int(self.channel.steps[child.slot]) > child.steps_at_start
-        child.consecutive = 1 if progressed else child.consecutive + 1
-        why_not = ""
-        if child.role != "worker":
-            pass  # the train process holds the learner's state: it is never restarted
-        elif child.restarts >= run.max_restarts:
-            if run.max_restarts:
-                why_not = f"; no restarts left ({child.restarts} of {run.max_restarts} spent)"
-        elif child.consecutive >= run.max_consecutive_failures:
-            why_not = (
-                f"; failed {child.consecutive} times in a row without taking a step "
-                f"(--max-consecutive-failures {run.max_consecutive_failures}), "
-                f"{child.restarts} of {run.max_restarts} restarts spent"
-            )
-        else:
-            child.restarts += 1
-            delay = min(run.restart_delay * 2 ** (child.consecutive - 1), MAX_RESTART_DELAY_S)
-            child.restart_at = time.monotonic() + delay
-            self._event(
-                "restart",
-                f"{failure.who} {failure.reason}; restarting it in {delay:.1f} s "
-                f"(restart {child.restarts} of {run.max_restarts})",
-                rank=child.rank,
-                restarts=child.restarts,
-                reason=failure.reason,
-                traceback=failure.traceback,
-            )
-            return None
-        child.done = True
-        return attrs.evolve(failure, reason=failure.reason + why_not)
+        progressed = int(self.channel.steps[child.role.slot]) > child.steps_at_start
+        child.in_a_row = self.policy.in_a_row(child.in_a_row, progressed)
+        decision = self.policy.decide(child.role.role, child.restarts, child.in_a_row)
+        if decision.delay is None:
+            child.done = True
+            return attrs.evolve(failure, reason=failure.reason + decision.why_not)
+        child.restarts += 1
+        child.restart_at = time.monotonic() + decision.delay
+        self._event(
+            "restart",
+            f"{failure.who} {failure.reason}; restarting it in {decision.delay:.1f} s "
+            f"(restart {child.restarts} of {self.policy.max_restarts})",
+            rank=child.role.rank,
+            restarts=child.restarts,
+            reason=failure.reason,
+            traceback=failure.traceback,
+        )
+        return None
 
     def _event(self, kind: str, message: str, **fields: Any) -> None:
         self.monitor.on_event({"event": kind, "message": message, **fields})
@@ -518,8 +421,8 @@ class _LocalRun:
                 signame = "SIGTERM" if escalate == "terminate" else "SIGKILL"
                 self._event(
                     escalate,
-                    f"{child.who} did not stop within {grace:g} s; sending {signame}",
-                    rank=child.rank,
+                    f"{child.role.who} did not stop within {grace:g} s; sending {signame}",
+                    rank=child.role.rank,
                 )
                 getattr(child.process, escalate)()
         failures = []
@@ -527,12 +430,9 @@ class _LocalRun:
             child.process.join()
             self._drain()
             code = child.process.exitcode
-            if child.live() and code != 0 and child.source in self.errors:
+            if child.live() and code != 0 and child.role.source in self.errors:
                 # a crash while stopping still deserves its traceback
-                tb = self.errors[child.source]
-                failures.append(
-                    ChildFailure(child.role, child.rank, code, _describe_exit(code), tb)
-                )
+                failures.append(base.failure(child.role, code, self.errors[child.role.source]))
             child.done = True
         return failures
 

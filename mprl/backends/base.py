@@ -1,0 +1,201 @@
+"""The seam between the run (what to do) and a backend (where its processes run).
+
+The host prepares a :class:`Job` and a :class:`Monitor`; a backend builds the job's shared state
+with its own :class:`mprl.schema.Builder`, starts the processes, hands each its
+:class:`mprl.Context`, feeds the monitor with what they report and stops them. What every backend
+does the same way is here: the roles of a job, how a process is seeded, when a job is over, how
+an exit is worded. Algorithms only ever see the Context, so a new backend needs no plugin change:
+a folder under ``mprl/backends/`` and one ``mprl_make_backend`` hookimpl.
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+import attrs
+import numpy as np
+import torch
+
+from mprl.context import Channel, Context, EnvMaker, derive_seed
+from mprl.run_types import ChildFailure, RunConfig
+from mprl.schema import Builder, Dims, SharedState
+
+if TYPE_CHECKING:
+    from mprl.algorithm import Algorithm
+
+#: how often (seconds) a backend asks the monitor whether to stop, at least
+TICK_S = 0.25
+
+
+@attrs.frozen
+class Role:
+    """One process of a job: ``role`` ``"worker"`` (``rank`` 0..n-1) or ``"trainer"`` (``rank``
+    -1), and its ``slot`` in the step and heartbeat counters (the rank; n for the trainer)."""
+
+    role: str
+    rank: int
+    slot: int
+
+    @property
+    def who(self) -> str:
+        return self.role if self.rank < 0 else f"{self.role} {self.rank}"
+
+    @property
+    def source(self) -> str:
+        """How its metric records name it."""
+        return "trainer" if self.role == "trainer" else f"worker:{self.rank}"
+
+
+@attrs.frozen
+class Job:
+    """Everything a backend needs to run one training job."""
+
+    algorithm: Algorithm
+    config: Any
+    run: RunConfig
+    dims: Dims
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer | None
+    #: ``make_env(env_id, seed=, rank=, index=)`` for the contexts; picklable
+    make_env: EnvMaker
+    #: env steps per counter slot (workers..., train process, steps of earlier sessions)
+    initial_steps: tuple[int, ...] = ()
+    #: shared-state data from the checkpoint a resumed run starts from
+    state_snapshot: Mapping[str, Any] = attrs.field(factory=dict)
+    #: 0 for a new run, 1 after the first resume, ...; part of every child's seed
+    session: int = 0
+    #: the run directory, for the backend's own files (``logs/``); a temp dir when ``None``
+    run_dir: Path | None = None
+
+    def roles(self) -> list[Role]:
+        """The job's processes, in start order: the train process first (it is ready when the
+        first experience arrives), then the workers by rank."""
+        n = self.run.workers
+        workers = [Role("worker", rank, rank) for rank in range(n)]
+        return ([Role("trainer", -1, n)] if self.algorithm.train is not None else []) + workers
+
+    def build_state(self, builder: Builder) -> tuple[SharedState, str | None]:
+        """The run's shared state, built with a backend's ``builder`` and restored from the
+        checkpoint on resume; also a message naming the fields that could not be restored (sized
+        by a worker count that changed), for the backend to report, or ``None``."""
+        schema = self.algorithm.schema
+        state = schema.build(builder, self.dims)
+        skipped = schema.restore(state, self.state_snapshot) if self.state_snapshot else []
+        if not skipped:
+            return state, None
+        return state, (
+            "shared-state fields not restored from the checkpoint (they do not fit this run's "
+            f"{self.run.workers} workers): {', '.join(skipped)}"
+        )
+
+    def context(
+        self, role: Role, state: SharedState, channel: Channel, restarts: int = 0
+    ) -> Context:
+        """The :class:`mprl.Context` of ``role``."""
+        return Context(
+            role=role.role,
+            rank=role.rank,
+            n_workers=self.run.workers,
+            seed=derive_seed(self.run.seed, role.rank + 1, self.session, restarts),
+            config=self.config,
+            run=self.run,
+            state=state,
+            model=self.model,
+            optimizer=self.optimizer,
+            channel=channel,
+            make_env=self.make_env,
+            restarts=restarts,
+        )
+
+    def function(self, role: Role) -> Callable[[Context], None]:
+        """The algorithm's function for ``role``: ``worker`` or ``train``."""
+        fn = self.algorithm.worker if role.role == "worker" else self.algorithm.train
+        assert fn is not None, role
+        return fn
+
+
+def seed_process(seed: int) -> None:
+    """Seed ``random``, numpy and torch of the process (or serial turn) about to run."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def end_reason(job: Job, done: Sequence[Role]) -> str | None:
+    """Why a job is over once the processes ``done`` have returned: the train process
+    returned, or every worker did; ``None`` while it goes on."""
+    if any(r.role == "trainer" for r in done):
+        return "trainer finished"
+    if sum(r.role == "worker" for r in done) == job.run.workers:
+        return "workers finished"
+    return None
+
+
+def describe_exit(code: int | None) -> str:
+    """A process's exit code in words: ``killed by SIGKILL``, ``exited with code 3``."""
+    if code is None:
+        return "still running"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def failure(role: Role, code: int | None, traceback: str = "", reason: str = "") -> ChildFailure:
+    """The report of ``role``'s process that ended with ``code`` (a crash, unless ``reason``)."""
+    return ChildFailure(role.role, role.rank, code, reason or describe_exit(code), traceback)
+
+
+@attrs.frozen
+class Outcome:
+    """How a job ended: ``stop_reason`` when it was stopped, ``failures`` when something crashed."""
+
+    stop_reason: str
+    failures: Sequence[ChildFailure] = ()
+    restarts: Sequence[int] = ()  # per worker rank
+    shutdown_s: float | None = None  # from the stop signal to the last child gone
+
+
+class Monitor(Protocol):
+    """The host's side of a job, called by the backend in the main process."""
+
+    def on_start(self, state: SharedState) -> None:
+        """The shared state is built (and restored on resume); children start next."""
+
+    def on_event(self, record: Mapping[str, Any]) -> None:
+        """A supervision event to log and show: ``record["event"]`` is ``"restart"``,
+        ``"terminate"``, ``"kill"`` ..., ``record["message"]`` says it in words."""
+
+    def on_stop(self, per_slot_steps: Sequence[int]) -> None:
+        """Every child has stopped; the shared state is still readable (final checkpoint).
+        ``per_slot_steps`` are the final counters, as in :meth:`on_tick`."""
+
+    def on_records(self, records: Sequence[Mapping[str, Any]]) -> None:
+        """New metric records from the children."""
+
+    def on_tick(self, env_steps: int, per_worker_steps: Sequence[int]) -> str | None:
+        """Called about every :data:`TICK_S`; return a reason to stop the job, or ``None``."""
+
+
+class Backend:
+    """Runs a job's processes. Subclasses: :class:`mprl.backends.local.LocalBackend`,
+    :class:`mprl.backends.serial.SerialBackend`."""
+
+    name = ""
+
+    def prepare(self, job: Job) -> list[str]:
+        """What only this backend needs before anything starts or is written (checks of the
+        machine, sharing the model's memory): raise :class:`mprl.errors.UsageError` when the
+        job cannot run here; return notes for the user. Called once, before :meth:`execute`."""
+        return []
+
+    def execute(self, job: Job, monitor: Monitor) -> Outcome:
+        """Start the job's processes, supervise them, stop them, and report how the job ended.
+        Must not return while any process it started is alive."""
+        raise NotImplementedError

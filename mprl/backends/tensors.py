@@ -1,0 +1,418 @@
+"""The schema's fields built from tensors in this machine's memory: the state builder of the
+local backend (shared memory, spawned processes) and of the serial backend (one process).
+
+Transport (after torchbeast's "monobeast"): rollout slots are preallocated tensors handed between
+workers and learner by index, weights are published under a sequence lock, a replay buffer is a
+ring of rows per worker with a sequence number per row. No lock is ever held across processes, so
+a process killed at any instruction wedges nobody; waiting sides poll, sleeping between looks (the
+local backend) or handing the turn on (the serial backend).
+
+Objects are built unbound in the main process; each process uses them through :meth:`bind`,
+which gives them its slot (the worker rank; ``n_workers`` for the train process) and its stop
+check (``ctx.should_stop``, which is also its heartbeat).
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+import torch
+
+from mprl.schema import Dims, RowSpec
+
+MAX_PAUSE_S = 0.001  # the longest a waiting call sleeps between looks
+
+
+def _never() -> bool:
+    return False
+
+
+def _wait(
+    ready: Callable[[], Any], stop: Callable[[], bool], timeout: float | None, sleep: bool
+) -> Any:
+    """Call ``ready()`` until it gives a value other than ``None``; ``None`` once ``stop()`` is
+    true or on timeout. Between looks: sleeps backing off from 0.1 ms to :data:`MAX_PAUSE_S`
+    (``sleep``), or nothing (serial: ``stop()`` hands the turn to the other processes)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    pause = 0.0001
+    while True:
+        found = ready()
+        if found is not None:
+            return found
+        if stop() or (deadline is not None and time.monotonic() >= deadline):
+            return None
+        if sleep:
+            time.sleep(pause)
+            pause = min(pause * 2, MAX_PAUSE_S)
+
+
+class _Bound:
+    """What every transport object has: a process binding, and numpy views of its counters
+    made again in each process (they do not pickle)."""
+
+    _slot = -1
+    _stop: Callable[[], bool] = staticmethod(_never)
+    _sleep = True
+
+    def bind(self, slot: int, stop: Callable[[], bool]) -> Any:
+        """This object as process ``slot`` uses it; its waits end once ``stop()`` is true."""
+        bound = copy.copy(self)
+        bound._slot, bound._stop = slot, stop
+        bound._local()
+        return bound
+
+    def _local(self) -> None:
+        """Set up what is per process (views, cursors, caches)."""
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k in self._shared}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._local()
+
+    _shared: tuple[str, ...] = ()
+
+
+def _share(t: torch.Tensor, share: bool) -> torch.Tensor:
+    return t.share_memory_() if share else t
+
+
+FREE, FULL, TAKEN = 0, 1, -1  # a rollout slot's states; TAKEN: the learner is copying it
+
+
+class TensorRollouts(_Bound):
+    """:class:`mprl.transport.RolloutSlots` over tensors.
+
+    Each slot belongs to one rank and has a state, ``FREE``, ``FULL`` or ``TAKEN``. Only the
+    owning worker turns a slot ``FULL`` (after writing it), only the learner turns it ``TAKEN``
+    (while copying it) and ``FREE`` (after), so no lock is needed, and a restarted worker simply
+    carries on with its rank's slots. (A ``multiprocessing.Queue`` of indices would not survive a
+    kill: a worker blocked in ``get()`` holds the queue's reader lock.)
+    """
+
+    _shared = ("buffers", "_state", "_seq", "workers", "slots_per_worker", "_sleep")
+
+    def __init__(
+        self, spec: RowSpec, workers: int, slots_per_worker: int, share: bool, sleep: bool
+    ) -> None:
+        slots = workers * slots_per_worker
+        full = {**spec, "version": ((), torch.int64), "source": ((), torch.int64)}
+        self.workers, self.slots_per_worker, self._sleep = workers, slots_per_worker, sleep
+        self.buffers = {
+            name: _share(torch.zeros((slots, *shape), dtype=dtype), share)
+            for name, (shape, dtype) in full.items()
+        }
+        self.buffers["version"].fill_(-1)  # no slot holds a rollout yet
+        self._state = _share(torch.zeros(slots, dtype=torch.int64), share)
+        self._seq = _share(torch.zeros(slots, dtype=torch.int64), share)  # commit order
+        self._local()
+
+    def _local(self) -> None:
+        self._state_np, self._seq_np = self._state.numpy(), self._seq.numpy()
+        self._cursor = 0  # which of its slots this worker fills next
+        self._taken: list[dict[str, torch.Tensor]] = []  # copied out, not yet batched
+
+    def slot(self, index: int) -> dict[str, torch.Tensor]:
+        return {name: t[index] for name, t in self.buffers.items()}
+
+    def acquire(self, timeout: float | None = None) -> int | None:
+        if not 0 <= self._slot < self.workers:
+            raise RuntimeError("only a worker acquires rollout slots (the learner takes them)")
+        index = self._slot * self.slots_per_worker + self._cursor
+
+        def ready() -> int | None:
+            return index if self._state_np[index] == FREE else None
+
+        found = _wait(ready, self._stop, timeout, self._sleep)
+        if found is not None:
+            self._cursor = (self._cursor + 1) % self.slots_per_worker
+        return found
+
+    def commit(self, index: int) -> None:
+        self.buffers["source"][index] = index // self.slots_per_worker
+        self._seq_np[index] = time.monotonic_ns()
+        self._state_np[index] = FULL  # after the data and the order: the learner reads it next
+
+    def take(self, timeout: float | None = None) -> int | None:
+        """Learner: the oldest committed slot, marked taken; give it back with :meth:`release`."""
+
+        def ready() -> int | None:
+            full = np.flatnonzero(self._state_np == FULL)
+            return int(full[np.argmin(self._seq_np[full])]) if full.size else None
+
+        index = _wait(ready, self._stop, timeout, self._sleep)
+        if index is not None:
+            self._state_np[index] = TAKEN  # neither free nor offered again
+        return index
+
+    def release(self, index: int) -> None:
+        """Learner: give a slot back to its worker once its data has been used."""
+        self._state_np[index] = FREE
+
+    def take_batch(self, n: int, timeout: float | None = None) -> dict[str, torch.Tensor] | None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while len(self._taken) < n:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            index = self.take(left)
+            if index is None:
+                return None
+            self._taken.append({name: t[index].clone() for name, t in self.buffers.items()})
+            self.release(index)
+        taken, self._taken = self._taken[:n], self._taken[n:]
+        taken.sort(key=lambda part: int(part["source"]))  # stable: a rank's own order kept
+        return {
+            name: torch.stack([part[name] for part in taken], dim=1 if t.dim() > 1 else 0)
+            for name, t in self.buffers.items()
+        }
+
+
+def _floating(module: torch.nn.Module) -> list[torch.Tensor]:
+    """What a published model consists of: its parameters and its floating-point buffers
+    (running statistics), in a fixed order."""
+    buffers = [b for b in module.buffers() if b.is_floating_point()]
+    return [*module.parameters(), *buffers]
+
+
+class TensorWeights(_Bound):
+    """:class:`mprl.transport.WeightBroadcast` over the run's model in shared memory.
+
+    A sequence lock: the counter is odd while the learner writes, so a reader that saw it change
+    copies again. A learner whose model is the shared one (``ctx.model``) updates it in place;
+    another model (one on a GPU) is copied into the shared one at the end of the block.
+    """
+
+    _shared = ("_model", "_seq", "_sleep")
+
+    def __init__(self, model: torch.nn.Module, share: bool, sleep: bool) -> None:
+        self._model, self._sleep = model, sleep
+        self._seq = _share(torch.zeros(1, dtype=torch.int64), share)
+        self._local()
+
+    def _local(self) -> None:
+        self._seq_np = self._seq.numpy()
+        # (the model of the last call, its tensors): listing the parameters of a small model
+        # costs as much as copying them
+        self._cache: tuple[Any, list[torch.Tensor]] | None = None
+        self._shared_tensors = _floating(self._model)
+
+    def _tensors(self, model: torch.nn.Module) -> list[torch.Tensor]:
+        if self._cache is None or self._cache[0] is not model:
+            self._cache = (model, _floating(model))
+        return self._cache[1]
+
+    @property
+    def version(self) -> int:
+        return int(self._seq_np[0]) // 2
+
+    @contextmanager
+    def publishing(self, model: torch.nn.Module) -> Iterator[None]:
+        tensors = self._tensors(model)
+        in_place = tensors[0].data_ptr() == self._shared_tensors[0].data_ptr()
+        self._seq_np[0] += 1  # odd: a write is in progress
+        try:
+            yield
+            if not in_place:
+                with torch.no_grad():
+                    for dst, src in zip(self._shared_tensors, tensors, strict=True):
+                        dst.copy_(src)
+        finally:
+            self._seq_np[0] += 1
+
+    def wait(self, newer_than: int, timeout: float | None = None) -> int | None:
+        def ready() -> int | None:
+            seq = int(self._seq_np[0])
+            return seq // 2 if seq % 2 == 0 and seq // 2 > newer_than else None
+
+        return _wait(ready, self._stop, timeout, self._sleep)
+
+    def pull(self, model: torch.nn.Module, have: int = -1) -> int:
+        tensors = self._tensors(model)
+        while True:
+            before = int(self._seq_np[0])
+            if before % 2:  # the learner is writing: it is quick, look again
+                if not self._sleep:
+                    self._stop()  # serial: the learner needs the turn to finish
+                time.sleep(0)
+                continue
+            if before // 2 == have:
+                return have
+            with torch.no_grad():
+                for dst, src in zip(tensors, self._shared_tensors, strict=True):
+                    dst.copy_(src)
+            if int(self._seq_np[0]) == before:
+                return before // 2
+
+    def state(self) -> dict[str, int]:
+        return {"version": self.version}
+
+    def load(self, state: Mapping[str, Any]) -> None:
+        self._seq_np[0] = 2 * int(state["version"])
+
+
+class TensorReplay(_Bound):
+    """:class:`mprl.transport.ReplayStore` over tensors.
+
+    Worker ``w`` owns rows ``[w * per, (w + 1) * per)`` and writes them as a ring; ``heads[w]``
+    counts the rows it completed. Each row has a sequence number, odd while the row is written:
+    :meth:`sample` reads it before and after copying a row and draws again for any row that was
+    odd or changed, so it never returns a torn row.
+    """
+
+    _shared = ("buffers", "_heads", "_stamps", "workers", "per_worker", "capacity")
+
+    def __init__(self, row: RowSpec, capacity: int, workers: int, share: bool) -> None:
+        self.workers, self.per_worker = workers, capacity // workers
+        self.capacity = self.per_worker * workers
+        self.buffers = {
+            name: _share(torch.zeros((self.capacity, *shape), dtype=dtype), share)
+            for name, (shape, dtype) in row.items()
+        }
+        self._heads = _share(torch.zeros(workers, dtype=torch.int64), share)
+        self._stamps = _share(torch.zeros(self.capacity, dtype=torch.int64), share)
+        self._local()
+
+    def _local(self) -> None:
+        self._heads_np, self._stamps_np = self._heads.numpy(), self._stamps.numpy()
+
+    def add(self, **rows: torch.Tensor) -> None:
+        if not 0 <= self._slot < self.workers:
+            raise RuntimeError("only a worker adds rows to a replay buffer")
+        if set(rows) != set(self.buffers):
+            raise ValueError(f"add() takes the fields {sorted(self.buffers)}, got {sorted(rows)}")
+        n = len(next(iter(rows.values())))
+        if n > self.per_worker:
+            raise ValueError(f"{n} rows at once, more than a worker's {self.per_worker}")
+        head = int(self._heads_np[self._slot])
+        where = self._slot * self.per_worker + (head + np.arange(n)) % self.per_worker
+        self._stamps_np[where] += 1  # odd: being written
+        index = torch.from_numpy(where)
+        for name, value in rows.items():
+            self.buffers[name].index_copy_(0, index, torch.as_tensor(value).to(self.buffers[name]))
+        self._stamps_np[where] += 1  # even: complete
+        self._heads_np[self._slot] = head + n  # after the rows: they are visible from here on
+
+    def _sizes(self) -> np.ndarray:
+        return np.minimum(self._heads_np, self.per_worker)
+
+    def size(self) -> int:
+        return int(self._sizes().sum())
+
+    def sample(
+        self, n: int, generator: torch.Generator | None = None
+    ) -> dict[str, torch.Tensor] | None:
+        sizes = self._sizes()
+        total = int(sizes.sum())
+        if total == 0:
+            return None
+        ends = np.cumsum(sizes)
+        where = np.empty(n, dtype=np.int64)
+        todo = np.arange(n)
+        out = {
+            name: torch.empty((n, *t.shape[1:]), dtype=t.dtype) for name, t in self.buffers.items()
+        }
+        while todo.size:
+            draw = torch.randint(total, (todo.size,), generator=generator).numpy()
+            owner = np.searchsorted(ends, draw, side="right")
+            where[todo] = owner * self.per_worker + draw - (ends[owner] - sizes[owner])
+            before = self._stamps_np[where[todo]].copy()
+            index = torch.from_numpy(where[todo])
+            for name, t in self.buffers.items():
+                out[name][torch.from_numpy(todo)] = t.index_select(0, index)
+            after = self._stamps_np[where[todo]]
+            todo = todo[(before % 2 == 1) | (before != after)]  # torn: draw those again
+        return out
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "heads": self._heads.clone(),
+            **{name: t.clone() for name, t in self.buffers.items()},
+        }
+
+    def load(self, state: Mapping[str, Any]) -> bool:
+        if state["heads"].shape != self._heads.shape or any(
+            state[name].shape != t.shape for name, t in self.buffers.items()
+        ):
+            return False
+        for name, t in self.buffers.items():
+            t.copy_(state[name])
+        self._heads.copy_(state["heads"])
+        self._stamps.zero_()
+        return True
+
+
+class TensorCounter(_Bound):
+    """:class:`mprl.transport.SharedCounter`: a slot per process, and one for the count of
+    earlier sessions; each process writes only its own, so no lock is needed."""
+
+    _shared = ("_counts",)
+
+    def __init__(self, processes: int, share: bool) -> None:
+        self._counts = _share(torch.zeros(processes + 1, dtype=torch.int64), share)
+        self._local()
+
+    def _local(self) -> None:
+        self._np = self._counts.numpy()
+
+    def add(self, n: int = 1) -> None:
+        if self._slot < 0:
+            raise RuntimeError("a counter is added to by the processes of a run")
+        self._np[self._slot] += n
+
+    @property
+    def value(self) -> int:
+        return int(self._np.sum())
+
+    def load(self, value: int) -> None:
+        self._np[:] = 0
+        self._np[-1] = int(value)
+
+
+class TensorStateBuilder:
+    """Builds a schema's fields for processes that share this machine's memory.
+
+    :param manager: a started ``SyncManager`` (local) or an in-process one (serial); ``None``
+        when the schema has no Manager kind.
+    :param model: the run's model, which weights are published through.
+    :param share: put tensors in shared memory (spawned processes read them).
+    :param sleep: waiting calls sleep between looks; ``False`` where the stop check hands the
+        turn on instead (serial).
+    """
+
+    def __init__(
+        self,
+        manager: Any,
+        model: torch.nn.Module,
+        make_model: Callable[..., torch.nn.Module],
+        *,
+        share: bool,
+        sleep: bool,
+    ) -> None:
+        self.manager, self.model, self.make_model = manager, model, make_model
+        self.share, self.sleep = share, sleep
+
+    def tensor(self, shape: tuple[int, ...], dtype: torch.dtype, fill: float) -> torch.Tensor:
+        return _share(torch.full(shape, fill, dtype=dtype), self.share)
+
+    def rollouts(self, spec: RowSpec, workers: int, slots_per_worker: int) -> TensorRollouts:
+        return TensorRollouts(spec, workers, slots_per_worker, self.share, self.sleep)
+
+    def weights(self) -> TensorWeights:
+        return TensorWeights(self.model, self.share, self.sleep)
+
+    def replay(self, row: RowSpec, capacity: int, workers: int) -> TensorReplay:
+        return TensorReplay(row, capacity, workers, self.share)
+
+    def counter(self, processes: int) -> TensorCounter:
+        return TensorCounter(processes, self.share)
+
+    def module(self, make: Callable[..., torch.nn.Module] | None, dims: Dims) -> torch.nn.Module:
+        module = (make or self.make_model)(dims.observation_space, dims.action_space, dims.config)
+        if make is None:  # a copy of the model: it starts from the same weights
+            module.load_state_dict(self.model.state_dict())
+        return module.share_memory() if self.share else module

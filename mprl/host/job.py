@@ -1,0 +1,228 @@
+"""Preparing a job from the user's input: the plugin, config and run options resolved, the
+environment's spaces read, the model and optimizer built (and restored from a checkpoint on
+resume). Everything is checked here, before anything starts or is written: a problem raises
+:class:`mprl.errors.UsageError`. Starts no process and touches no run directory."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+import gymnasium as gym
+import torch
+
+from mprl.algorithm import Algorithm
+from mprl.backends.base import Job
+from mprl.errors import PluginError, UsageError
+from mprl.host import checkpoint
+from mprl.host.config import build
+from mprl.host.envs import EnvFactory, make_env
+from mprl.host.plugins import PluginManager
+from mprl.run_types import RunConfig
+from mprl.schema import Dims
+
+
+@attrs.frozen
+class Resume:
+    """What a resumed run takes over from its checkpoint."""
+
+    file: Path
+    data: dict[str, Any]
+
+    @property
+    def session(self) -> int:
+        return int(self.data["session"]) + 1
+
+
+@attrs.frozen
+class Prepared:
+    """A checked job, and what the host needs around it."""
+
+    job: Job
+    plugin: str
+    plugin_version: str
+    reward_threshold: float | None
+    resume: Resume | None = None
+
+
+def resolve(
+    plugin: str,
+    pm: PluginManager,
+    config: Mapping[str, Any] | Any | None,
+    run_options: Mapping[str, Any],
+) -> tuple[str, Algorithm, Any, RunConfig]:
+    """The plugin name, algorithm, config and run options; UsageError on anything wrong."""
+    plugin_name, algo = pm.algorithm(plugin)
+    if config is None or isinstance(config, Mapping):
+        config = build(algo.config_cls, config or {}, source=f"{algo.name} config")
+    elif not isinstance(config, algo.config_cls):
+        raise UsageError(f"config must be a {algo.config_cls.__qualname__} or a mapping")
+    run_cfg = build(
+        RunConfig, {k: v for k, v in run_options.items() if v is not None}, source="run option"
+    )
+    if not run_cfg.env:
+        run_cfg = attrs.evolve(run_cfg, env=algo.default_env)
+    return plugin_name, algo, config, run_cfg
+
+
+def _resume_inputs(
+    resume: Resume,
+    plugin: str | None,
+    pm: PluginManager,
+    config: Mapping[str, Any] | Any | None,
+    options: Mapping[str, Any],
+) -> tuple[str, Mapping[str, Any] | Any, dict[str, Any]]:
+    """Plugin, config and run options of a resumed run: the checkpoint's, with overrides."""
+    data, file = resume.data, str(resume.file)
+    if plugin is not None and plugin not in (data["algorithm"], data["plugin"]):
+        raise UsageError(
+            f"checkpoint {file!r} was written by algorithm {data['algorithm']!r}, not "
+            f"{plugin!r}; leave out --plugin when resuming"
+        )
+    try:
+        pm.algorithm(data["algorithm"])
+    except UsageError as exc:
+        raise UsageError(
+            f"checkpoint {file!r} was written by algorithm {data['algorithm']!r} of plugin "
+            f"{data['plugin']!r} {data.get('plugin_version', '')}: {exc}"
+        ) from None
+    env = options.get("env")
+    if env is not None and env != data["run"].get("env"):
+        raise UsageError(
+            f"checkpoint {file!r} was trained on {data['run'].get('env')!r}; a resumed run "
+            f"cannot change --env to {env!r}"
+        )
+    if config is None or isinstance(config, Mapping):
+        config = {**data["config"], **(config or {})}
+    merged = {**data["run"], **{k: v for k, v in options.items() if v is not None}}
+    return data["algorithm"], config, merged
+
+
+def _load_state(resume: Resume, what: str, target: Any, state: Any, algo: Algorithm) -> None:
+    try:
+        target.load_state_dict(state)
+    except (RuntimeError, ValueError, KeyError, TypeError) as exc:
+        first = str(exc).strip().splitlines()[0]
+        raise UsageError(
+            f"checkpoint {str(resume.file)!r}: its {what} does not fit algorithm "
+            f"{algo.name!r} with this config ({first}); was the config changed with --set?"
+        ) from None
+
+
+def materialize_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
+    """Create an optimizer's lazily made state (Adam moments, step counts) now, as zeros.
+
+    The state must exist before the processes start to be shared; it is made with a zero-lr
+    step on zero gradients and reset to zero, which is the initial state of Adam, RMSprop and
+    SGD's momentum alike. State that exists already (a resumed run) is kept.
+    """
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    if all(optimizer.state.get(p) for p in params):
+        return
+    grads = [p.grad for p in params]
+    lrs = [group.get("lr") for group in optimizer.param_groups]
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    for group in optimizer.param_groups:
+        if "lr" in group:
+            group["lr"] = 0.0
+    with torch.no_grad():
+        optimizer.step()
+    for p, g in zip(params, grads, strict=True):
+        p.grad = g
+    for group, lr in zip(optimizer.param_groups, lrs, strict=True):
+        if lr is not None:
+            group["lr"] = lr
+    for state in optimizer.state.values():
+        for value in state.values():
+            if isinstance(value, torch.Tensor):
+                value.zero_()
+
+
+def _spaces(pm: PluginManager, env_id: str) -> tuple[gym.Space, gym.Space, float | None]:
+    probe = make_env(pm, env_id)
+    try:
+        threshold = probe.spec.reward_threshold if probe.spec is not None else None
+        return probe.observation_space, probe.action_space, threshold
+    finally:
+        probe.close()
+
+
+def _model_and_optimizer(
+    algo: Algorithm, dims: Dims, seed: int, resume: Resume | None
+) -> tuple[torch.nn.Module, torch.optim.Optimizer | None]:
+    with torch.random.fork_rng(devices=[]):  # initial weights follow the run seed only
+        torch.manual_seed(seed)
+        model = algo.make_model(dims.observation_space, dims.action_space, dims.config)
+    if not isinstance(model, torch.nn.Module):
+        raise PluginError(
+            f"algorithm {algo.name!r}: make_model returned {type(model).__name__}, "
+            "expected a torch.nn.Module"
+        )
+    if resume is not None:
+        _load_state(resume, "model", model, resume.data["model"], algo)
+    if algo.make_optimizer is None:
+        return model, None
+    optimizer = algo.make_optimizer(model.parameters(), dims.config)
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise PluginError(
+            f"algorithm {algo.name!r}: make_optimizer returned {type(optimizer).__name__}, "
+            "expected a torch.optim.Optimizer"
+        )
+    if resume is not None and resume.data["optimizer"] is not None:
+        _load_state(resume, "optimizer state", optimizer, resume.data["optimizer"], algo)
+    materialize_optimizer_state(optimizer)
+    return model, optimizer
+
+
+def prepare_job(
+    pm: PluginManager,
+    plugin: str | None,
+    config: Mapping[str, Any] | Any | None,
+    options: Mapping[str, Any],
+    resume: str | Path | None = None,
+) -> Prepared:
+    """Check the input and build the job: the algorithm (``plugin``, or the checkpoint's when
+    resuming), its config, the run options, the env's spaces, the model and the optimizer."""
+    resumed = None
+    if resume is not None:
+        resumed = Resume(*checkpoint.load(resume))
+        plugin, config, options = _resume_inputs(resumed, plugin, pm, config, options)
+    elif plugin is None:
+        installed = ", ".join(sorted(pm.algorithms())) or "none"
+        raise UsageError(f"no plugin given; installed: {installed}")
+    plugin_name, algo, cfg, run_cfg = resolve(plugin, pm, config, options)
+    obs_space, act_space, threshold = _spaces(pm, run_cfg.env)
+    if not algo.supports(act_space):
+        allowed = ", ".join(t.__name__ for t in algo.action_spaces)
+        raise UsageError(
+            f"algorithm {algo.name!r} does not support the action space of {run_cfg.env!r} "
+            f"({type(act_space).__name__}); it supports: {allowed}"
+        )
+    dims = Dims(run_cfg.workers, obs_space, act_space, cfg)
+    algo.schema.check_dims(dims)
+    model, optimizer = _model_and_optimizer(algo, dims, run_cfg.seed, resumed)
+    initial_steps: tuple[int, ...] = ()
+    if resumed is not None:
+        saved = [int(x) for x in resumed.data["steps"]]
+        initial_steps = (
+            tuple(saved)
+            if len(saved) == run_cfg.workers + 2
+            else (0,) * (run_cfg.workers + 1) + (sum(saved),)
+        )
+    job = Job(
+        algorithm=algo,
+        config=cfg,
+        run=run_cfg,
+        dims=dims,
+        model=model,
+        optimizer=optimizer,
+        make_env=EnvFactory(pm),
+        initial_steps=initial_steps,
+        state_snapshot=resumed.data["shared_state"] if resumed is not None else {},
+        session=0 if resumed is None else resumed.session,
+    )
+    _, plugin_version = pm.distribution_of(plugin_name)
+    return Prepared(job, plugin_name, plugin_version, threshold, resumed)

@@ -1,0 +1,204 @@
+"""The host's side of the backend seam while a job runs: stats, metrics and reporters, the
+progress display, periodic checkpoints, and the decision to stop."""
+
+from __future__ import annotations
+
+import math
+import signal
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from mprl.backends.base import Job
+from mprl.host import checkpoint
+from mprl.host.config import as_dict
+from mprl.host.plugins import PluginManager
+from mprl.host.policy_check import CHECK_EPISODES, PolicyCheck
+from mprl.host.progress import Progress
+from mprl.host.rundir import RunDir
+from mprl.host.stats import RunStats
+from mprl.run_types import RunInfo
+from mprl.schema import SharedState
+
+METRICS_EVERY_S = 5.0  # how often the main process writes its own progress record
+
+
+def finite(x: float) -> float | None:
+    return x if math.isfinite(x) else None
+
+
+class RunMonitor:
+    """Called by the backend in the main process (:class:`mprl.backends.base.Monitor`).
+
+    :param stop_signal: the signal number that asked the run to stop, or ``None``.
+    """
+
+    def __init__(
+        self,
+        info: RunInfo,
+        job: Job,
+        rundir: RunDir,
+        pm: PluginManager,
+        progress: Progress,
+        stop_signal: Callable[[], int | None],
+        stats: RunStats,
+        check: PolicyCheck,
+    ) -> None:
+        self.info, self.job, self.rundir, self.pm = info, job, rundir, pm
+        self.progress, self.stop_signal, self.stats, self.check = (
+            progress,
+            stop_signal,
+            stats,
+            check,
+        )
+        self._wall0 = time.time() - stats.wall_s
+        self._last_main_record = self._last_checkpoint = time.monotonic()
+        self._solved_logged = stats.solved()  # a resumed run solved before: logged then
+        self.state: SharedState | None = None
+        self._check_after = 0  # episodes: the next policy check waits for this many
+
+    def on_start(self, state: SharedState) -> None:
+        self.state = state
+
+    def on_records(self, records: Sequence[Mapping[str, Any]]) -> None:
+        out = []
+        for record in records:
+            record = dict(record)
+            record["wall"] = round(record.pop("time", time.time()) - self._wall0, 4)
+            self.stats.add(record)
+            out.append(record)
+        self._emit(out)
+
+    def on_event(self, record: Mapping[str, Any]) -> None:
+        record = {"source": "main", "step": self.stats.env_steps, **record}
+        record["wall"] = round(time.time() - self._wall0, 4)
+        if record["event"] == "restart":
+            self.stats.restarts += 1
+        tb = record.pop("traceback", "")
+        self.progress.message(f"mprl: {record['message']}", tb)
+        self._emit([record])
+
+    def _emit(self, records: list[dict[str, Any]]) -> None:
+        self.rundir.append_metrics(records)
+        self.pm.hook.mprl_report_metrics(run=self.info, records=records)
+
+    def on_tick(self, env_steps: int, per_worker_steps: Sequence[int]) -> str | None:
+        self.stats.set_steps(per_worker_steps)
+        self.progress.update(self.stats.snapshot())
+        now = time.monotonic()
+        if now - self._last_main_record >= METRICS_EVERY_S:
+            self._last_main_record = now
+            self._emit([self._main_record()])
+        every = self.info.run.checkpoint_every
+        if every and now - self._last_checkpoint >= every:
+            self.checkpoint()
+        received = self.stop_signal()
+        if received is not None:
+            return signal.Signals(received).name
+        if self._solved():
+            if not self._solved_logged:  # when, and at which mean: the summary's mean is the
+                self._solved_logged = True  # last 100 episodes when the run ended
+                self._emit([{**self._main_record(), "event": "solved"}])
+            return "solved"
+        total = self.info.run.total_steps
+        if total is not None and env_steps >= total:
+            return "total steps reached"
+        return None
+
+    def _solved(self) -> bool:
+        """Solved: the mean of the last 100 training episodes reached the threshold, and the
+        policy of that moment plays as well (:mod:`mprl.host.policy_check`). A check that falls
+        short is logged and training goes on; the next one waits for ``2 * CHECK_EPISODES``
+        more training episodes."""
+        stats = self.stats
+        if stats.solved() or not stats.reached() or stats.episodes < self._check_after:
+            return stats.solved()
+        self._check_after = stats.episodes + 2 * CHECK_EPISODES
+        if self.check.broken:  # nothing to play it with: the training returns decide alone
+            stats.mark_solved()
+            return True
+        threshold = self.info.reward_threshold
+        assert threshold is not None
+        result = self.check.run(threshold, self.info.run.seed + stats.episodes)
+        passed, tb = result.pop("passed"), result.pop("traceback", "")
+        record = {**self._main_record(), "event": "policy-check", **result}
+        if "error" in result:
+            message = (
+                f"the policy check could not play algorithm {self.info.algorithm!r}'s model "
+                f"({result['error']}); the training returns decide whether it is solved"
+            )
+            self.on_event({**record, "message": message, "traceback": tb})
+            stats.mark_solved()
+        elif passed:
+            stats.mark_solved()
+            self._emit([record])
+        else:
+            self.on_event(
+                {
+                    **record,
+                    "message": f"the mean of the last 100 episodes reached {threshold:g}, but "
+                    f"the policy now plays {result['mean_return']:.1f} over {CHECK_EPISODES} "
+                    "episodes; training goes on",
+                }
+            )
+        return stats.solved()
+
+    def on_stop(self, per_slot_steps: Sequence[int]) -> None:
+        self.stats.set_steps(per_slot_steps)
+        if self.check.passed is not None:  # every child has stopped: nothing writes it now
+            self.job.model.load_state_dict(self.check.passed)
+        self.check.close()
+        self.checkpoint()
+
+    def checkpoint(self) -> Path | None:
+        """Save ``checkpoints/last.pt`` now (atomically) and log it in the metrics.
+
+        A failed write (disk full, directory gone) is reported and the run goes on with the
+        previous checkpoint kept; it is not a reason to lose the run.
+        """
+        start = self._last_checkpoint = time.monotonic()
+        shared: dict[str, Any] = {}
+        if self.state is not None:
+            try:
+                shared = self.job.algorithm.schema.snapshot(self.state)
+            except (OSError, EOFError) as exc:  # the Manager server is gone
+                self.on_event(
+                    {"event": "checkpoint-partial", "message": f"shared state not saved: {exc!r}"}
+                )
+        info, job, stats = self.info, self.job, self.stats
+        try:
+            path = self.rundir.save_checkpoint(
+                checkpoint.payload(
+                    plugin=info.plugin,
+                    plugin_version=info.plugin_version,
+                    algorithm=info.algorithm,
+                    config=as_dict(info.config),
+                    run=as_dict(info.run),
+                    session=job.session,
+                    model=job.model,
+                    optimizer=job.optimizer,
+                    steps=list(stats.per_worker) or [0] * (info.run.workers + 2),
+                    stats=stats.state(),
+                    shared_state=shared,
+                )
+            )
+        except OSError as exc:
+            message = f"checkpoint not written ({exc}); the previous one is kept"
+            self.on_event({"event": "checkpoint-failed", "message": message})
+            return None
+        record = {"source": "main", "event": "checkpoint", "step": stats.env_steps}
+        record.update(wall=round(stats.wall_s, 4), path=str(path))
+        self._emit([{**record, "seconds": round(time.monotonic() - start, 4)}])
+        return path
+
+    def _main_record(self) -> dict[str, Any]:
+        s = self.stats
+        return {
+            "source": "main",
+            "step": s.env_steps,
+            "wall": round(s.wall_s, 4),
+            "steps_per_s": round(s.steps_per_s, 1),
+            "episodes": s.episodes,
+            "mean_return_100": finite(s.mean_return_100),
+        }

@@ -1,0 +1,253 @@
+"""One training run, from checked input to ``summary.json``: the public :func:`run`.
+
+A run is three steps: prepare the job (:func:`mprl.host.job.prepare_job`: input checked, model
+built, nothing started), execute it on a backend with a :class:`~mprl.host.monitor.RunMonitor`
+watching, and finish (summary, reporters, exit status).
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from mprl.backends.base import Backend, Outcome
+from mprl.errors import RunFailed, UsageError
+from mprl.host import checkpoint
+from mprl.host.config import as_dict
+from mprl.host.envs import make_env
+from mprl.host.job import Prepared, prepare_job
+from mprl.host.monitor import RunMonitor, finite
+from mprl.host.plugins import PluginManager, get_plugin_manager
+from mprl.host.policy_check import CHECK_EPISODES, PolicyCheck
+from mprl.host.progress import Progress
+from mprl.host.rundir import RunDir
+from mprl.host.stats import RunStats
+from mprl.run_types import RunConfig, RunInfo, Summary
+from mprl.version import __version__
+
+
+class _Signals:
+    """First SIGINT / SIGTERM asks for a clean stop; a second SIGINT forces a fast exit."""
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self.forced = False
+
+    def handle(self, signum: int, frame: Any) -> None:
+        if self.received is not None and signum == signal.SIGINT:
+            if not self.forced:  # once: the forced exit's own cleanup must not be interrupted
+                self.forced = True
+                raise KeyboardInterrupt
+            return
+        if self.received is None:
+            self.received = signum
+
+    @contextmanager
+    def installed(self) -> Iterator[_Signals]:
+        if threading.current_thread() is not threading.main_thread():
+            yield self
+            return
+        old = {s: signal.signal(s, self.handle) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield self
+        finally:
+            for s, h in old.items():
+                signal.signal(s, h)
+
+
+def run(
+    plugin: str | None = None,
+    *,
+    config: Mapping[str, Any] | Any | None = None,
+    env: str | None = None,
+    workers: int | None = None,
+    seed: int | None = None,
+    total_steps: int | None = None,
+    run_dir: str | Path | None = None,
+    resume: str | Path | None = None,
+    progress: str = "auto",
+    plugins: PluginManager | None = None,
+    **run_options: Any,
+) -> Summary:
+    """Train algorithm ``plugin`` and return how the run ended.
+
+    Every :class:`RunConfig` field can be given as a keyword (``max_restarts=2``...).
+    ``resume=RUN_DIR`` (or a checkpoint file) continues a run from its last checkpoint: the
+    plugin, config and run options are the checkpoint's unless given here, counters continue
+    and metrics are appended (to ``run_dir`` when given, else to the original run directory).
+
+    Everything is checked before any process starts (plugin, config, env id, action space,
+    checkpoint, what the backend needs); a problem raises :class:`mprl.errors.UsageError`. A
+    crashed child raises :class:`RunFailed` after every process has stopped. Ctrl-C / SIGTERM
+    stop the run cleanly and return a summary with ``status="interrupted"``.
+    """
+    pm = plugins or get_plugin_manager()
+    unknown = set(run_options) - set(attrs.fields_dict(RunConfig))
+    if unknown:
+        known = ", ".join(attrs.fields_dict(RunConfig))
+        raise UsageError(f"unknown run option(s) {', '.join(sorted(unknown))}; known: {known}")
+    options = {"env": env, "workers": workers, "seed": seed, "total_steps": total_steps}
+    plan = prepare_job(pm, plugin, config, {**options, **run_options}, resume)
+    backend = pm.backend(plan.job.run.backend)
+    notes = backend.prepare(plan.job)
+    rundir, info = _open_rundir(plan, run_dir)
+    signals = _Signals()
+    display = Progress(progress)
+    monitor = _monitor(plan, info, rundir, pm, display, signals)
+    try:
+        pm.hook.mprl_run_start(run=info)
+    except UsageError:  # a reporter cannot start (a missing package): nothing has run yet
+        if plan.resume is None:
+            rundir.discard()
+        raise
+    outcome = _execute(plan, backend, monitor, display, signals, notes)
+    return _finish(plan, info, rundir, outcome, monitor, pm, signals)
+
+
+def _open_rundir(plan: Prepared, run_dir: str | Path | None) -> tuple[RunDir, RunInfo]:
+    """The run directory (a new one, or the resumed run's) with ``config.json`` written."""
+    job = plan.job
+    if plan.resume is not None and run_dir is None:
+        rundir = RunDir.reopen(plan.resume.file.parent.parent)
+    else:
+        rundir = RunDir.create(run_dir, job.algorithm.name, job.run.env)
+    info = RunInfo(
+        plan.plugin, plan.plugin_version, job.algorithm.name, job.config, job.run, rundir.path,
+        plan.reward_threshold,
+    )  # fmt: skip
+    rundir.write_json(
+        "config.json",
+        {
+            "plugin": plan.plugin,
+            "plugin_version": plan.plugin_version,
+            "algorithm": job.algorithm.name,
+            "mprl_version": __version__,
+            "reward_threshold": plan.reward_threshold,
+            "session": job.session,
+            "run": as_dict(job.run),
+            "config": as_dict(job.config),
+        },
+    )
+    return rundir, info
+
+
+def _monitor(
+    plan: Prepared,
+    info: RunInfo,
+    rundir: RunDir,
+    pm: PluginManager,
+    display: Progress,
+    signals: _Signals,
+) -> RunMonitor:
+    job = plan.job
+    stats = RunStats(plan.reward_threshold, job.run.total_steps)
+    stats.workers = job.run.workers
+    if plan.resume is not None:
+        stats.restore(plan.resume.data["stats"])
+        checkpoint.set_rng_states(plan.resume.data["rng"])
+
+    def make_envs() -> list[Any]:
+        run = job.run
+        return [make_env(pm, run.env, seed=run.seed, index=i) for i in range(CHECK_EPISODES)]
+
+    check = PolicyCheck(job.model, make_envs, job.algorithm.name)
+    job = attrs.evolve(job, run_dir=rundir.path)
+    return RunMonitor(info, job, rundir, pm, display, lambda: signals.received, stats, check)
+
+
+def _execute(
+    plan: Prepared,
+    backend: Backend,
+    monitor: RunMonitor,
+    display: Progress,
+    signals: _Signals,
+    notes: list[str],
+) -> Outcome:
+    """Run the job on ``backend`` with the progress display up and the signal handlers in."""
+    job = monitor.job
+    title = f"mprl: {job.algorithm.name} on {job.run.env}, {job.run.workers} workers"
+    if plan.resume is not None:
+        title = (
+            f"mprl: resuming {job.algorithm.name} on {job.run.env} at "
+            f"{sum(job.initial_steps):,} env steps (session {job.session}), "
+            f"{job.run.workers} workers"
+        )
+    display.start(f"{title} -> {monitor.rundir.path}")
+    for note in notes:
+        display.message(f"mprl: {note}")
+    if plan.resume is not None:
+        monitor.on_event(
+            {
+                "event": "resume",
+                "message": f"resumed from {plan.resume.file}",
+                "session": job.session,
+            }
+        )
+    try:
+        with signals.installed():
+            try:
+                return backend.execute(job, monitor)
+            except KeyboardInterrupt:
+                if not signals.forced:
+                    raise
+                # the second Ctrl-C: children were killed, no final checkpoint
+                return Outcome("second SIGINT: forced exit")
+    finally:
+        display.stop(monitor.stats.snapshot())
+
+
+def _finish(
+    plan: Prepared,
+    info: RunInfo,
+    rundir: RunDir,
+    outcome: Outcome,
+    monitor: RunMonitor,
+    pm: PluginManager,
+    signals: _Signals,
+) -> Summary:
+    """Write ``summary.json``, tell the reporters, and raise :class:`RunFailed` on a crash."""
+    stats, job = monitor.stats, plan.job
+    status = "failed" if outcome.failures else "finished"
+    if signals.received is not None and not outcome.failures:
+        status = "interrupted"
+    summary = Summary(
+        status=status,
+        stop_reason=outcome.stop_reason,
+        solved=stats.solved(),
+        env_steps=stats.env_steps,
+        episodes=stats.episodes,
+        wall_s=round(stats.wall_s, 3),
+        mean_return_100=finite(stats.mean_return_100),
+        best_return=finite(stats.best_return),
+        run_dir=rundir.path,
+        plugin=plan.plugin,
+        algorithm=job.algorithm.name,
+        env=job.run.env,
+        per_worker_steps=stats.per_worker[: job.run.workers],
+        restarts=tuple(outcome.restarts),
+        session=job.session,
+        shutdown_s=outcome.shutdown_s,
+        failures=tuple(outcome.failures),
+        signal=signals.received,
+        solved_at=stats.solved_at,
+    )
+    rundir.write_json("summary.json", summary.to_dict())
+    rundir.close()
+    pm.hook.mprl_run_end(run=info, summary=summary.to_dict())
+    if signals.forced:
+        print("mprl: forced exit (second Ctrl-C); kept the last checkpoint", file=sys.stderr)
+    if outcome.failures:
+        for f in outcome.failures:
+            print(f"mprl: {f.who} {f.reason}", file=sys.stderr)
+            if f.traceback:
+                print(f"--- traceback of {f.who} ---\n{f.traceback.rstrip()}", file=sys.stderr)
+        first = outcome.failures[0]
+        raise RunFailed(f"{first.who} {first.reason}; run directory: {rundir.path}", summary)
+    return summary

@@ -1,0 +1,151 @@
+"""Run-wide types: what a run is (:class:`RunConfig`, :class:`RunInfo`) and how it ended
+(:class:`Summary`, :class:`ChildFailure`). A leaf: the host, the backends and hooks all use them."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+from attrs import validators as v
+
+
+def _positive_or_none(instance: Any, attribute: attrs.Attribute, value: int | None) -> None:
+    if value is not None and value < 1:
+        raise ValueError(f"'{attribute.name}' must be >= 1 or unset (no limit): {value}")
+
+
+@attrs.frozen
+class RunConfig:
+    """Options of a run that are not the algorithm's: what ``--env``, ``--workers`` ... set."""
+
+    env: str = attrs.field(
+        default="", metadata={"help": "gymnasium env id (default: the algorithm's default env)"}
+    )
+    workers: int = attrs.field(
+        factory=lambda: os.cpu_count() or 1,
+        validator=v.ge(1),
+        metadata={"help": "number of worker processes (default: number of cores)"},
+    )
+    seed: int = attrs.field(default=0, validator=v.ge(0), metadata={"help": "run seed"})
+    total_steps: int | None = attrs.field(
+        default=None,
+        validator=_positive_or_none,
+        metadata={"help": "stop after this many env steps (default: when solved)"},
+    )
+    start_interval: float = attrs.field(
+        default=0.0, validator=v.ge(0), metadata={"help": "seconds to sleep between worker starts"}
+    )
+    torch_threads: int = attrs.field(
+        default=0,
+        validator=v.ge(0),
+        metadata={"help": "torch threads per child (0: cores / children)"},
+    )
+    backend: str = attrs.field(
+        default="local",
+        metadata={"help": "where processes run: local (spawned) or serial (see --serial)"},
+    )
+    max_restarts: int = attrs.field(
+        default=0,
+        validator=v.ge(0),
+        metadata={"help": "restarts allowed per worker rank before the run fails (default 0)"},
+    )
+    restart_delay: float = attrs.field(
+        default=1.0,
+        validator=v.ge(0),
+        metadata={"help": "seconds before a restart; doubles with each failure in a row"},
+    )
+    max_consecutive_failures: int = attrs.field(
+        default=3,
+        validator=v.ge(1),
+        metadata={"help": "give up on a worker that failed this often without taking a step"},
+    )
+    worker_timeout: float = attrs.field(
+        default=60.0,
+        validator=v.ge(0),
+        metadata={"help": "seconds without a heartbeat (after start-up) until hung; 0: off"},
+    )
+    checkpoint_every: float = attrs.field(
+        default=60.0,
+        validator=v.ge(0),
+        metadata={"help": "seconds between checkpoints (0: only at the end)"},
+    )
+    tensorboard: bool = attrs.field(
+        default=False,
+        metadata={
+            "help": "write TensorBoard event files to RUN_DIR/tensorboard "
+            '(pip install "mprl[tensorboard]")'
+        },
+    )
+
+
+@attrs.frozen
+class RunInfo:
+    """What a run is, as hooks see it."""
+
+    plugin: str
+    plugin_version: str
+    algorithm: str
+    config: Any
+    run: RunConfig
+    run_dir: Path
+    reward_threshold: float | None
+
+
+@attrs.frozen
+class ChildFailure:
+    """A process that ended badly: who it was and why."""
+
+    role: str
+    rank: int
+    exitcode: int | None
+    reason: str
+    traceback: str = ""
+
+    @property
+    def who(self) -> str:
+        return self.role if self.rank < 0 else f"{self.role} {self.rank}"
+
+
+@attrs.frozen
+class Summary:
+    """How a run ended; also written as ``summary.json``."""
+
+    status: str  # "finished", "failed" or "interrupted"
+    stop_reason: str
+    solved: bool
+    env_steps: int
+    episodes: int
+    wall_s: float
+    mean_return_100: float | None
+    best_return: float | None
+    run_dir: Path
+    plugin: str
+    algorithm: str
+    env: str
+    per_worker_steps: tuple[int, ...] = ()
+    restarts: tuple[int, ...] = ()  # per worker rank, in this session
+    session: int = 0  # how many times the run was resumed
+    shutdown_s: float | None = None  # seconds from the stop signal to the last child gone
+    failures: tuple[ChildFailure, ...] = ()
+    signal: int | None = None
+    #: when it was found solved: ``wall_s``, ``env_steps``, ``episodes``, ``mean_return_100``
+    #: (empty for a run solved before this was kept)
+    solved_at: Mapping[str, Any] | None = None
+
+    @property
+    def exit_code(self) -> int:
+        """0 finished, 1 failed, 128 + signal number when stopped by a signal."""
+        if self.status == "failed":
+            return 1
+        if self.signal is not None:
+            return 128 + self.signal
+        return 0
+
+    def to_dict(self) -> dict[str, Any]:
+        out = attrs.asdict(self, recurse=True)
+        out["run_dir"] = str(self.run_dir)
+        out["exit_code"] = self.exit_code
+        return out
