@@ -1,5 +1,5 @@
 """Write the plugin author's reference from the source: docs/hooks.md from mprl/hookspecs.py and
-docs/schema.md from mprl/schema.py.
+docs/schema.md from mprl/schema.py and mprl/transport.py.
 
     python docs/generate.py          # rewrite both files
     python docs/generate.py --check  # exit 1, naming each file that is not what it would write
@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 
 import attrs
 
-from mprl import hookspecs, runner, schema
+from mprl import hookspecs, run_types, schema, transport
 
 DOCS = Path(__file__).resolve().parent
 ROOT = DOCS.parent
@@ -216,17 +216,17 @@ def _hook_section(spec: Callable[..., Any]) -> list[str]:
 
 def _run_info_section() -> list[str]:
     takers = [f"`{s.__name__}`" for s in hook_specs() if "run" in inspect.signature(s).parameters]
-    options = ", ".join(f"`{f.name}`" for f in attrs.fields(runner.RunConfig))
+    options = ", ".join(f"`{f.name}`" for f in attrs.fields(run_types.RunConfig))
     out = [
         "## `RunInfo`",
         "",
-        f"The `run` argument of {', '.join(takers)} is an `mprl.runner.RunInfo`: "
-        f"{markdown(inspect.getdoc(runner.RunInfo) or '').lower()}",
+        f"The `run` argument of {', '.join(takers)} is an `mprl.run_types.RunInfo`: "
+        f"{markdown(inspect.getdoc(run_types.RunInfo) or '').lower()}",
         "",
         "| Attribute | Type |",
         "|---|---|",
     ]
-    out += [f"| `{f.name}` | `{_cell(str(f.type))}` |" for f in attrs.fields(runner.RunInfo)]
+    out += [f"| `{f.name}` | `{_cell(str(f.type))}` |" for f in attrs.fields(run_types.RunInfo)]
     return [
         *out,
         "",
@@ -251,27 +251,28 @@ def render_schema() -> str:
         "",
         markdown(inspect.getdoc(schema) or ""),
         "",
-        "## Manager objects and `Tensor`",
+        "## What each kind costs",
         "",
-        "Every kind except `Tensor` is created in the run's Manager server (a "
-        "`multiprocessing` manager process) and reaches each process as a proxy: every read, "
-        "write or method call is a message to that server and back. Use them for control "
-        "state touched now and then (flags, counters, locks, small queues), never per step. "
-        "`Tensor` fields are torch tensors in shared memory (`/dev/shm`): reading or writing "
-        "one is a memory access, so they are the kind for bulk data and hot paths (nothing "
-        "locks them; add a `Lock` field where writers must not overlap). A schema with only "
-        "`Tensor` fields starts no Manager server.",
+        "On the local backend, the Manager kinds live in the run's Manager server (a "
+        "`multiprocessing` manager process) and reach each process as a proxy: every read, "
+        "write or method call is a message to that server and back (about 0.1-0.2 ms here). Use "
+        "them for control state touched now and then (flags, counters, locks, small queues), "
+        "never per step. `Tensor` and the transport kinds are built from tensors in shared "
+        "memory (`/dev/shm`): reading or writing one is a memory access, so they are the kinds "
+        "for bulk data and hot paths. A schema with no Manager kind starts no Manager server. "
+        "The serial backend builds every kind in its own process; another backend builds the "
+        "transport kinds in its own store, behind the same protocols (below).",
         "",
-        "A plugin gives its `Schema` to `mprl.Algorithm(schema=...)`; the core builds it for "
-        "each run and every process reads the fields as `ctx.state.NAME`. A `Size` is an int, "
-        '`"workers"` (the number of workers) or `"all"` (workers + 1: the train process too). '
-        "The kinds that hold data are saved in checkpoints and restored on `--resume`.",
+        "A plugin gives its `Schema` to `mprl.Algorithm(schema=...)`; the backend builds it for "
+        "each run and every process reads the fields as `ctx.state.NAME`. A misspelt name is an "
+        "`AttributeError` listing the declared fields. The kinds that hold data are saved in "
+        "checkpoints and restored on `--resume`.",
         "",
         "| Kind | Lives in | Checkpointed |",
         "|---|---|---|",
     ]
     for kind in schema.KINDS:
-        where = "shared memory" if issubclass(kind, schema.Tensor) else "Manager server"
+        where = "Manager server" if kind.needs_manager else "shared memory"
         saved = "yes" if kind.snapshot is not schema.Field.snapshot else "no"
         out.append(f"| [`{kind.__name__}`](#{kind.__name__.lower()}) | {where} | {saved} |")
     for kind in schema.KINDS:
@@ -285,7 +286,28 @@ def render_schema() -> str:
             continue
         out += ["| Parameter | Type | Default |", "|---|---|---|"]
         out += [f"| `{f.name}` | `{_cell(str(f.type))}` | {_default(f)} |" for f in fields]
-    return "\n".join(out) + "\n"
+    return "\n".join([*out, *_transport_section()]) + "\n"
+
+
+PROTOCOLS = (
+    transport.RolloutSlots, transport.WeightBroadcast, transport.ReplayStore,
+    transport.SharedCounter,
+)  # fmt: skip
+
+
+def _transport_section() -> list[str]:
+    """The protocols of :mod:`mprl.transport`: what ``ctx.state.NAME`` of a transport kind is."""
+    out = ["", "## Transport protocols", "", markdown(inspect.getdoc(transport) or "")]
+    for proto in PROTOCOLS:
+        out += ["", f"### `{proto.__name__}`", "", markdown(inspect.getdoc(proto) or ""), ""]
+        for name, member in vars(proto).items():
+            if name.startswith("_") or not (callable(member) or isinstance(member, property)):
+                continue
+            fn = member.fget if isinstance(member, property) else member
+            sig = "" if isinstance(member, property) else str(inspect.signature(fn))
+            sig = sig.replace("'", "").replace("(self, ", "(").replace("(self)", "()")
+            out += [f"- `{name}{sig}`: {_inline(' '.join((inspect.getdoc(fn) or '').split()))}"]
+    return out
 
 
 def render() -> dict[str, str]:

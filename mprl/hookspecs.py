@@ -137,8 +137,7 @@ def mprl_make_env(
 
 @hookspec
 def mprl_register_backends(register: Callable[..., None]) -> None:
-    """Register the backends this plugin provides: where a run's processes live, chosen with
-    ``--backend NAME``.
+    """Register the backends this plugin provides: where a run's processes live (``--backend``).
 
     Built in: ``local`` spawns processes on this machine; ``serial`` (``run --serial``) runs them
     as turn-taking threads of the main process, for debugging and tests. Algorithms never see the

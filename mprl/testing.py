@@ -34,6 +34,7 @@ import torch
 from mprl.algorithm import Algorithm
 from mprl.backends.serial import InProcessManager, SerialBackend
 from mprl.backends.tensors import TensorStateBuilder
+from mprl.errors import UsageError
 from mprl.hookspecs import hookimpl
 from mprl.host.envs import make_env
 from mprl.host.plugins import PluginManager, get_plugin_manager
@@ -76,33 +77,41 @@ def build_state(
     manager: Any = None,
     env: str | None = None,
     config: Any = None,
+    plugins: PluginManager | None = None,
 ) -> SharedState:
-    """The shared state ``schema`` (or an algorithm's) builds for ``workers`` workers, as the
-    serial backend builds it (tensors in this process, nothing started).
+    """The shared state ``schema`` (or an algorithm's) builds for ``workers`` workers, with
+    tensors in shared memory, as the local backend builds it, and nothing started.
 
     Without ``manager``, Manager kinds are plain in-process objects
     (:class:`mprl.backends.serial.InProcessManager`: lists, dicts, locks...). Pass a started
     ``multiprocessing.managers.SyncManager`` for the real thing (the ``mprl_state`` fixture starts
     and shuts one down with ``manager=True``). Sizes that come from the spaces and the config
-    use ``env`` (default: the algorithm's default env, else CartPole-v1) and ``config`` (default:
-    the algorithm's defaults); ``Weights`` and ``Module`` fields need an algorithm (its model).
+    use ``env`` (default: the algorithm's default env), made through ``plugins`` (default: the
+    built-ins; pass your plugin's manager for an env only it makes), and ``config`` (default:
+    the algorithm's defaults). ``Weights`` and ``Module`` fields need an algorithm (its model).
     The state is unbound: a test acts as process ``slot`` through ``state.bound(slot, stop)``.
     """
     algorithm = schema if isinstance(schema, Algorithm) else None
     if algorithm is not None:
         schema = algorithm.schema
         config = algorithm.config_cls() if config is None else config
-        env = env or algorithm.default_env
-    probe = make_env(plugin_manager(), env or "CartPole-v1")
-    dims = Dims(workers, probe.observation_space, probe.action_space, config)
-    probe.close()
+    spaces: tuple[Any, Any] = (None, None)
+    wanted = env or (algorithm.default_env if algorithm is not None else None)
+    if wanted is not None:
+        try:
+            probe = make_env(plugins or plugin_manager(), wanted)
+        except UsageError:
+            if env is not None:
+                raise
+        else:  # no env to read spaces from: only sizes that need none can be built
+            spaces = (probe.observation_space, probe.action_space)
+            probe.close()
+    dims = Dims(workers, *spaces, config)
     model = make = None
-    if algorithm is not None:
+    if algorithm is not None and spaces[0] is not None:
         make = algorithm.make_model
         model = make(dims.observation_space, dims.action_space, dims.config)
-    builder = TensorStateBuilder(
-        manager or InProcessManager(), model, make, share=manager is not None, sleep=True
-    )  # type: ignore[arg-type]
+    builder = TensorStateBuilder(manager or InProcessManager(), model, make, share=True, sleep=True)  # type: ignore[arg-type]
     assert isinstance(schema, Schema)
     schema.check_dims(dims)
     return schema.build(builder, dims)

@@ -85,10 +85,10 @@ class WeightBroadcast(Protocol):
 class ReplayStore(Protocol):
     """A replay buffer of fixed-size rows (declared with :class:`mprl.schema.ReplayBuffer`).
 
-    Workers :meth:`add` rows; the learner :meth:`sample`\\ s them. The capacity is split evenly
-    between the workers: each writes its own ring of ``capacity // workers`` rows, oldest rows
-    overwritten first. A worker's rows become visible in the order it added them, each one whole;
-    :meth:`sample` never returns a row that is being written.
+    Workers :meth:`add` rows; the learner draws them with :meth:`sample`. The capacity is split
+    evenly between the workers: each writes its own ring of ``capacity // workers`` rows, oldest
+    rows overwritten first. A worker's rows become visible in the order it added them, each one
+    whole; :meth:`sample` never returns a row that is being written.
     """
 
     capacity: int

@@ -39,11 +39,14 @@ def write_distribution(
 
 @pytest.fixture(scope="session")
 def plugin_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A site directory holding two installed distributions: the test plugin and a broken one."""
+    """A site directory holding two installed distributions: the test plugins (probe, dqn) and a
+    broken one."""
     root = tmp_path_factory.mktemp("site")
-    source = (HERE / "plugins" / "mprl_testplugin.py").read_text()
+    modules = {
+        m: (HERE / "plugins" / f"{m}.py").read_text() for m in ("mprl_testplugin", "mprl_dqn")
+    }
     write_distribution(
-        root, "mprl-testplugin", {"testplugin": "mprl_testplugin"}, {"mprl_testplugin": source}
+        root, "mprl-testplugin", {"testplugin": "mprl_testplugin", "dqn": "mprl_dqn"}, modules
     )
     write_distribution(
         root,

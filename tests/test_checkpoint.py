@@ -111,7 +111,7 @@ def test_resumed_impala_counts_policy_versions_on_from_the_checkpoint(tmp_path):
     )
     assert first.returncode == 0, first.stderr
     saved = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
-    updates = saved["extra_state"]["weights"]["version"]
+    updates = saved["shared_state"]["weights"]["version"]  # transport state, as any field
     learner = [r for r in read_metrics(run_dir) if r["source"] == "trainer"]
     assert updates >= learner[-1]["updates"] > 10  # the checkpoint holds the last version
 
@@ -164,6 +164,16 @@ def test_bad_checkpoints_exit_2_naming_the_file(installed, tmp_path, capsys):
         return run_dir
 
     data = ckpt.read_bytes()
+    config = (good / "config.json").read_bytes()
+
+    def edited(change):
+        def write(path: pathlib.Path) -> None:
+            saved = torch.load(ckpt, weights_only=True)
+            change(saved)
+            torch.save(saved, path)
+
+        return write
+
     cases = [
         (broken("truncated", lambda p: p.write_bytes(data[: len(data) // 2])), [], "is truncated or corrupt"),
         (broken("empty", lambda p: p.write_bytes(b"")), [], "is truncated or corrupt"),
@@ -174,6 +184,9 @@ def test_bad_checkpoints_exit_2_naming_the_file(installed, tmp_path, capsys):
         (good, ["--plugin", "a3c"], "was written by algorithm 'probe', not 'a3c'"),
         (good, ["--env", "CartPole-v1"], "was trained on 'Corridor-v0'; a resumed run cannot change --env"),
         (tmp_path / "nothing", [], "no checkpoint at"),
+        (broken("no-rng", edited(lambda d: d.pop("rng"))), [], "is incomplete: it has no 'rng'"),
+        (broken("bad-stats", edited(lambda d: d["stats"].update(episodes="many"))), [], "is damaged: stats.'episodes' is str, not int"),
+        (broken("bad-model", edited(lambda d: d.update(model=[1, 2]))), [], "is damaged: 'model' is list, not dict"),
     ]  # fmt: skip
     (tmp_path / "nothing").mkdir()
     for run_dir, extra, message in cases:
@@ -181,6 +194,8 @@ def test_bad_checkpoints_exit_2_naming_the_file(installed, tmp_path, capsys):
         assert code == 2, (run_dir, stderr)
         assert message in stderr, stderr
         assert str(run_dir) in stderr and "Traceback" not in stderr
+        if (run_dir / "config.json").exists():  # checked before the run directory is touched
+            assert (run_dir / "config.json").read_bytes() == config
     # nothing was started or appended: the good run directory is as it was
     assert torch.load(ckpt, weights_only=True)["session"] == 0
     proc = cli("run", "--resume", str(good), "--plugin", "probe", "--quiet", "-p", "no:testplugin")
@@ -205,3 +220,19 @@ def test_a_failing_checkpoint_write_is_reported_and_the_run_goes_on(installed, t
     assert "mprl: checkpoint not written (" in stderr and "the previous one is kept" in stderr
     clean_stderr(stderr)
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "interrupted"
+
+
+def test_a_version_1_checkpoint_keeps_its_transport_state(tmp_path):
+    # version 1 kept make_shared objects (the weights' version) apart from the shared state
+    from mprl.host import checkpoint
+
+    v1 = checkpoint.payload(
+        plugin="impala", plugin_version="0.1.0", algorithm="impala", config={}, run={},
+        session=0, model=torch.nn.Linear(2, 2), optimizer=None, steps=[5, 0, 0],
+        stats={"episodes": 1, "returns": [1.0], "best_return": 1.0, "wall_s": 1.0},
+        shared_state={"collected": [3]},
+    )  # fmt: skip
+    v1["version"], v1["extra_state"] = 1, {"weights": {"version": 42}}
+    torch.save(v1, tmp_path / "old.pt")
+    _, data = checkpoint.load(tmp_path / "old.pt")
+    assert data["shared_state"] == {"collected": [3], "weights": {"version": 42}}

@@ -8,8 +8,8 @@ import attrs
 import pytest
 from attrs import validators as v
 
-from mprl.host.config import build, describe_fields, load_toml, parse_assignments, parse_value
 from mprl.errors import ConfigError
+from mprl.host.config import build, describe_fields, load_toml, parse_assignments, parse_value
 from mprl.run_types import RunConfig
 
 

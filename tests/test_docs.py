@@ -23,10 +23,12 @@ import pytest
 
 import mprl
 from mprl import hookspecs, schema
+from mprl.backends.local import LocalBackend
 from mprl.context import Context, episode_record
-from mprl.host.envs import make_env
+from mprl.host.envs import EnvFactory, make_env
 from mprl.host.plugins import NO_AUTOLOAD_ENV, PluginManager, get_plugin_manager
 from mprl.run_types import RunInfo, Summary
+from mprl.testing import build_state
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE_PLUGIN = "docs-example"
@@ -193,7 +195,12 @@ def test_every_name_in_hooks_md_exists() -> None:
 
 def test_every_name_in_schema_md_exists() -> None:
     sections = _sections((REPO / "docs" / "schema.md").read_text(), "###")
-    assert list(sections) == [kind.__name__ for kind in schema.KINDS]
+    protocols = [p.__name__ for p in generate.PROTOCOLS]
+    assert list(sections) == [kind.__name__ for kind in schema.KINDS] + protocols
+    # every public member of each transport protocol is documented, and nothing else
+    for proto in generate.PROTOCOLS:
+        members = [n for n in vars(proto) if not n.startswith("_") and n != "slots_per_worker"]
+        assert re.findall(r"^- `(\w+)", sections[proto.__name__], re.M) == members
     for kind in schema.KINDS:
         assert _table_names(sections[kind.__name__]) == [f.name for f in attrs.fields(kind)]
         assert ("No parameters." in sections[kind.__name__]) == (not attrs.fields(kind))
@@ -295,12 +302,12 @@ def test_mprl_register_algorithms_example(
     model = algo.make_model(env.observation_space, env.action_space, config)
 
     # the worker plays in a thread of this process, through a real Context, until the budget
-    monkeypatch.setenv(NO_AUTOLOAD_ENV, "1")  # ctx.make_env() builds a manager: built-ins only
+    monkeypatch.setenv(NO_AUTOLOAD_ENV, "1")  # the env factory's manager: built-ins only
     channel = BudgetChannel(budget=300)
     ctx = Context(
         role="worker", rank=0, n_workers=1, seed=1, config=config,
-        run=mprl.RunConfig(env=algo.default_env, workers=1), state=algo.schema.build(None, 1),
-        model=model, optimizer=None, channel=channel,
+        run=mprl.RunConfig(env=algo.default_env, workers=1), state=build_state(algo, 1),
+        model=model, optimizer=None, channel=channel, make_env=EnvFactory(get_plugin_manager()),
     )  # fmt: skip
     errors: list[BaseException] = []
 
@@ -339,14 +346,15 @@ def test_mprl_make_env_example(
     assert make_env(pm, "CartPole-v1").spec.max_episode_steps == 500  # the built-in made it
 
 
-def test_mprl_make_backend_example(
+def test_mprl_register_backends_example(
     load_example: Callable[[str], tuple[PluginManager, ModuleType]],
 ) -> None:
-    pm, module = load_example("mprl_make_backend")
-    backend = pm.hook.mprl_make_backend(name="local-debug")
-    assert callable(getattr(backend, "execute", None))
-    for name in ("local", "ray"):
-        assert pm.call_one("mprl_make_backend", module, name=name) is None
+    pm, module = load_example("mprl_register_backends")
+    info = pm.backends()["quiet-local"]
+    assert info.plugin == pm.get_name(module) and "saying how many" in info.description
+    backend = pm.backend("quiet-local")
+    assert isinstance(backend, LocalBackend) and backend is not pm.backend("quiet-local")
+    assert {"local", "serial"} <= set(pm.backends())  # the built-ins are still there
 
 
 def test_mprl_run_start_example(

@@ -17,8 +17,8 @@ import attrs
 import pytest
 
 from mprl import hookspecs, testing
-from mprl.tools.cli import main
 from mprl.host.config import fields_of
+from mprl.tools.cli import main
 from tests.conftest import REPO
 
 GUIDE = REPO / "docs" / "first-plugin.md"

@@ -9,9 +9,9 @@ import sys
 import gymnasium as gym
 import torch
 
+from mprl.host.job import materialize_optimizer_state
 from mprl.lib.envbatch import EnvBatch, rollout_spec
 from mprl.lib.nets import ActorCritic, ActorCriticConfig, Adam, make_optimizer
-from mprl.runner import share_optimizer_state
 
 
 def _model(seed: int = 0) -> torch.nn.Module:
@@ -61,7 +61,10 @@ def test_a_spawned_process_steps_the_shared_adam_without_importing_dynamo():
     model = _model()
     model.share_memory()
     opt = make_optimizer(model.parameters(), ActorCriticConfig(lr=0.01))
-    share_optimizer_state(opt)
+    materialize_optimizer_state(opt)  # what a run does before it starts the processes
+    for state in opt.state.values():
+        for value in state.values():
+            value.share_memory_()
     weights = [p.detach().clone() for p in model.parameters()]
     ctx = mp.get_context("spawn")
     out = ctx.Queue()

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import mprl
-from mprl.host.envs import make_env
 from mprl.errors import PluginError, UsageError
+from mprl.host.envs import make_env
 from mprl.host.plugins import get_plugin_manager
 from tests.plugins.mprl_testplugin import Corridor
 

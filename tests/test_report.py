@@ -15,8 +15,8 @@ from pathlib import Path
 import matplotlib.image
 import pytest
 
-from mprl.tools.cli import main
 from mprl.errors import UsageError
+from mprl.tools.cli import main
 from mprl.tools.report import build_figure, list_runs, plot_runs, read_run
 from tests.conftest import cli, cli_here
 

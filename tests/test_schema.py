@@ -6,11 +6,14 @@ import multiprocessing as mp
 from multiprocessing.managers import BaseProxy, SyncManager
 
 import attrs
+import gymnasium as gym
 import pytest
 import torch
 
 from mprl import schema as s
+from mprl.backends.tensors import TensorStateBuilder
 from mprl.errors import SchemaError
+from mprl.testing import build_state
 
 N = 3
 
@@ -62,7 +65,7 @@ def child_updates(state: s.SharedState, rank: int) -> None:
 
 
 def test_every_kind_is_built_and_shared_with_a_spawned_child(manager):
-    state = FULL.build(manager, N)
+    state = build_state(FULL, N, manager=manager)
     # built as the hand-written main would have built them
     assert list(state.train_modes) == [True] * N
     assert list(state.n_iters) == [0] * N
@@ -108,11 +111,13 @@ def test_every_kind_is_built_and_shared_with_a_spawned_child(manager):
 def test_tensor_only_schema_needs_no_manager():
     tensors = s.Schema(a=s.Tensor(shape=(2,)), b=s.Tensor(shape=("all", 3), dtype=torch.int64))
     assert not tensors.needs_manager()
-    state = tensors.build(None, 4)
+    no_manager = TensorStateBuilder(None, torch.nn.Linear(1, 1), None, share=True, sleep=True)
+    dims = s.Dims(4, gym.spaces.Box(-1, 1, (2,)), gym.spaces.Discrete(2))
+    state = tensors.build(no_manager, dims)
     assert state.b.shape == (5, 3) and state.b.is_shared()
     assert FULL.needs_manager()
     with pytest.raises(SchemaError, match=r"'lock' \(Lock\) needs a Manager"):
-        s.Schema(lock=s.Lock()).build(None, 1)
+        s.Schema(lock=s.Lock()).build(no_manager, dims)
 
 
 @attrs.frozen
@@ -142,7 +147,7 @@ class Custom(s.Field):
         ({"v": s.Value("i", "text")}, r"'v' \(Value\)"),
         (
             {"a": s.Array("d", "everyone")},
-            r"'a' \(Array\): size 'everyone' must be an int, 'workers' or 'all'",
+            r"'a' \(Array\): size 'everyone' must be an int, 'workers', 'all', 'config.FIELD'",
         ),
         ({"b": s.Barrier(0)}, r"'b' \(Barrier\): size 0 must be >= 1"),
         ({"q": s.Queue(-1)}, r"'q' \(Queue\): maxsize -1 must be an int >= 0"),

@@ -11,10 +11,12 @@ import pytest
 import torch
 
 import mprl
-from mprl import schema, serial
+from mprl import schema
+from mprl.backends.serial import backend as serial_backend
 from mprl.errors import RunFailed
-from mprl.lib.nets import make_model, make_optimizer
 from mprl.host.plugins import get_plugin_manager
+from mprl.lib.nets import make_model, make_optimizer
+from mprl.testing import build_state
 from tests.conftest import cli
 from tests.plugins import mprl_testplugin
 
@@ -183,7 +185,7 @@ def test_hogwild_workers_have_their_own_tensors_over_the_shared_memory(mprl_pm, 
 
 
 def test_a_deadlock_is_reported_where_it_waits(mprl_pm, mprl_serial, monkeypatch):
-    monkeypatch.setattr(serial, "DEADLOCK_S", 0.5)
+    monkeypatch.setattr(serial_backend, "DEADLOCK_S", 0.5)
     mprl_pm.register(sys.modules[__name__])
     with pytest.raises(RunFailed, match="exited with code 1") as info:
         mprl_serial("deadlock", workers=2, total_steps=10**6)
@@ -198,7 +200,8 @@ def test_in_process_manager_objects_work_across_real_threads():
         lock=schema.Lock(), barrier=schema.Barrier(3), queue=schema.Queue(maxsize=1),
         event=schema.Event(), count=schema.Value("i", 0), slots=schema.Array("d", size=3),
         ns=schema.Namespace({"mode": "train"}),
-    ).build(serial.InProcessManager(), 3)  # fmt: skip
+    )  # fmt: skip
+    state = build_state(state, workers=3)  # Manager kinds as in-process objects
 
     def body(rank: int) -> None:
         state.barrier.wait()

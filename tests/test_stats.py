@@ -47,7 +47,7 @@ def test_worker_rates_idle_times_and_eta_reach_the_live_panel(monkeypatch):
 
     from rich.console import Console
 
-    from mprl import stats as stats_module
+    from mprl.host import stats as stats_module
     from mprl.host.progress import Progress
 
     clock = [100.0]

@@ -136,12 +136,12 @@ def end_reason(job: Job, done: Sequence[Role]) -> str | None:
 
 
 def describe_exit(code: int | None) -> str:
-    """A process's exit code in words: ``killed by SIGKILL``, ``exited with code 3``."""
+    """A process's exit code in words: ``killed by signal SIGKILL``, ``exited with code 3``."""
     if code is None:
-        return "still running"
+        return "did not exit"
     if code < 0:
         try:
-            return f"killed by {signal.Signals(-code).name}"
+            return f"killed by signal {signal.Signals(-code).name}"
         except ValueError:
             return f"killed by signal {-code}"
     return f"exited with code {code}"

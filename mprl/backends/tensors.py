@@ -285,15 +285,22 @@ class TensorReplay(_Bound):
             raise RuntimeError("only a worker adds rows to a replay buffer")
         if set(rows) != set(self.buffers):
             raise ValueError(f"add() takes the fields {sorted(self.buffers)}, got {sorted(rows)}")
-        n = len(next(iter(rows.values())))
+        values = {name: torch.as_tensor(value) for name, value in rows.items()}
+        n = len(next(iter(values.values())))
         if n > self.per_worker:
             raise ValueError(f"{n} rows at once, more than a worker's {self.per_worker}")
+        for name, value in values.items():
+            if value.shape != (n, *self.buffers[name].shape[1:]):
+                raise ValueError(
+                    f"add(): {name} has shape {tuple(value.shape)}, expected "
+                    f"{(n, *self.buffers[name].shape[1:])} ({n} rows)"
+                )
         head = int(self._heads_np[self._slot])
         where = self._slot * self.per_worker + (head + np.arange(n)) % self.per_worker
         self._stamps_np[where] += 1  # odd: being written
         index = torch.from_numpy(where)
-        for name, value in rows.items():
-            self.buffers[name].index_copy_(0, index, torch.as_tensor(value).to(self.buffers[name]))
+        for name, value in values.items():
+            self.buffers[name].index_copy_(0, index, value.to(self.buffers[name].dtype))
         self._stamps_np[where] += 1  # even: complete
         self._heads_np[self._slot] = head + n  # after the rows: they are visible from here on
 

@@ -90,16 +90,17 @@ class PolicyCheck:
                 env.close()
 
 
-def _checked(act: Callable[..., Any]) -> Callable[[torch.Tensor, bool], np.ndarray]:
-    """``act`` held to its contract: a numpy array with one action per observation."""
+def _checked(act: Callable[..., Any]) -> Callable[[torch.Tensor, bool], Any]:
+    """``act`` held to its contract: one action per observation, in a numpy array (or a list)
+    of what the env's ``step`` takes; a torch tensor is not that."""
 
-    def checked(obs: torch.Tensor, deterministic: bool) -> np.ndarray:
+    def checked(obs: torch.Tensor, deterministic: bool) -> Any:
         actions = act(obs, deterministic)
-        if not isinstance(actions, np.ndarray) or len(actions) != len(obs):
+        if not isinstance(actions, np.ndarray | list | tuple) or len(actions) != len(obs):
+            size = f" of length {len(actions)}" if isinstance(actions, list | tuple) else ""
             raise TypeError(
-                f"act(obs_batch, deterministic) returned {type(actions).__name__}"
-                + (f" of length {len(actions)}" if isinstance(actions, np.ndarray) else "")
-                + f"; expected a numpy array of {len(obs)} actions, one per observation"
+                f"act(obs_batch, deterministic) returned {type(actions).__name__}{size}; "
+                f"expected a numpy array of {len(obs)} actions, one per observation"
             )
         return actions
 

@@ -248,6 +248,10 @@ def _cmd_plugins(args: argparse.Namespace) -> int:
             "plugins": [attrs.asdict(i) for i in infos],
             "failed": [attrs.asdict(f) for f in pm.failed],
             "blocked": pm.blocked_names(),
+            "backends": {
+                b.name: {"plugin": b.plugin, "description": b.description}
+                for b in pm.backends().values()
+            },
         }
         print(json.dumps(data, indent=2))
         return 0
@@ -255,7 +259,12 @@ def _cmd_plugins(args: argparse.Namespace) -> int:
         algos = ", ".join(info.algorithms) or "-"
         print(f"{info.name}  ({info.distribution} {info.version})")
         print(f"    algorithms: {algos}")
+        if info.backends:
+            print(f"    backends:   {', '.join(info.backends)}")
         print(f"    hooks:      {', '.join(info.hooks)}")
+    print("backends (--backend NAME):")
+    for backend in sorted(pm.backends().values(), key=lambda b: b.name):
+        print(f"    {backend.name:<10} {backend.description}  [{backend.plugin}]")
     for failed in pm.failed:
         print(f"FAILED {failed.message()}")
     for name in pm.blocked_names():

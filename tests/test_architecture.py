@@ -1,0 +1,132 @@
+"""The shape of the package, read from the code: no import cycle among mprl's modules, leaves
+that are leaves, no plugin or example reaching into a backend or into shared memory."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+PACKAGE = REPO / "mprl"
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def imports_of(path: Path, *, lazy: bool = True) -> set[str]:
+    """The modules of ``mprl`` that ``path`` imports (``lazy``: also inside functions), type-only
+    imports (under ``if TYPE_CHECKING:``) left out."""
+    found: set[str] = set()
+
+    def visit(node: ast.AST, top: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and _is_type_checking(child):
+                continue
+            inner = top and not isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef)
+            if isinstance(child, ast.Import) and (inner or lazy):
+                found.update(a.name for a in child.names if a.name.split(".")[0] == "mprl")
+            elif isinstance(child, ast.ImportFrom) and (inner or lazy) and child.module:
+                if child.module.split(".")[0] != "mprl":
+                    continue
+                for alias in child.names:  # `from mprl import schema`: the submodule
+                    sub = f"{child.module}.{alias.name}"
+                    found.add(sub if sub in MODULES else child.module)
+            visit(child, inner)
+
+    visit(ast.parse(path.read_text()), True)
+    return found
+
+
+def graph(lazy: bool = True) -> dict[str, set[str]]:
+    return {name: imports_of(path, lazy=lazy) & set(MODULES) for name, path in MODULES.items()}
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Every strongly connected group of more than one module (Tarjan), plus self-imports."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def strong(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in edges[v]:
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1 or v in edges[v]:
+                found.append(sorted(group))
+
+    for v in sorted(edges):
+        if v not in index:
+            strong(v)
+    return found
+
+
+def test_the_graph_reader_finds_a_cycle_it_is_shown():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+    assert "mprl.schema" in graph()["mprl.algorithm"]  # it reads real imports
+
+
+def test_no_import_cycle_among_mprl_modules_even_counting_imports_inside_functions():
+    assert cycles(graph(lazy=True)) == []
+
+
+def test_the_author_api_and_the_run_wide_types_are_leaves_of_the_host_and_backends():
+    edges = graph(lazy=False)
+    author = ["mprl.algorithm", "mprl.context", "mprl.schema", "mprl.transport", "mprl.hookspecs"]
+    for leaf in [*author, "mprl.run_types", "mprl.errors", "mprl.version"]:
+        reach, todo = set(), [leaf]
+        while todo:
+            for nxt in edges[todo.pop()] - reach:
+                reach.add(nxt)
+                todo.append(nxt)
+        assert not {
+            m for m in reach if m.startswith(("mprl.host", "mprl.backends", "mprl.tools"))
+        }, (
+            leaf,
+            reach,
+        )
+    # hookspecs imports pluggy only; the package's __init__ imports no host module at import time
+    assert edges["mprl.hookspecs"] == set()
+    assert not {m for m in edges["mprl"] if m.startswith(("mprl.host", "mprl.backends"))}
+
+
+def test_the_host_knows_no_backend_but_the_seam():
+    edges = graph(lazy=True)
+    for name, targets in edges.items():
+        if name.startswith("mprl.host"):
+            backends = {t for t in targets if t.startswith("mprl.backends")}
+            assert backends <= {"mprl.backends.base"}, (name, backends)
+
+
+def test_plugins_and_examples_use_no_backend_and_no_shared_memory():
+    sources = [*(REPO / "plugins").rglob("*.py"), *(REPO / "examples").rglob("*.py")]
+    assert len(sources) > 5
+    for path in sources:
+        text = path.read_text()
+        assert "share_memory" not in text and "/dev/shm" not in text, path
+        assert not {m for m in imports_of(path) if m.startswith("mprl.backends")}, path

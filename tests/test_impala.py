@@ -1,0 +1,194 @@
+"""The impala plugin: V-trace, its update, and real runs through the CLI (a worker killed and
+restarted, no Manager call per step)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import pstats
+import signal
+import time
+
+import gymnasium as gym
+import pytest
+import torch
+
+from mprl.lib.nets import make_model, make_optimizer
+from mprl_impala.algorithm import COUNT_EVERY_S, ImpalaConfig, update, vtrace
+from tests.conftest import (
+    cli,
+    kill_worker_and_wait_for_restart,
+    read_metrics,
+    running,
+    wait_for_metrics,
+)
+
+
+def _naive_vtrace(log_rhos, discounts, rewards, values, bootstrap, rho_bar, c_bar):
+    """V-trace as written in the paper (eq. 1): a sum over the rest of the rollout."""
+    rhos = log_rhos.exp()
+    t_len = rewards.shape[0]
+    all_values = torch.cat([values, bootstrap.unsqueeze(0)])
+    vs = torch.empty_like(values)
+    for s in range(t_len):
+        total = values[s].clone()
+        for t in range(s, t_len):
+            trace = torch.ones_like(bootstrap)
+            for i in range(s, t):
+                trace = trace * discounts[i] * rhos[i].clamp(max=c_bar)
+            delta = rhos[t].clamp(max=rho_bar) * (
+                rewards[t] + discounts[t] * all_values[t + 1] - all_values[t]
+            )
+            total = total + trace * delta
+        vs[s] = total
+    return vs
+
+
+def test_vtrace_matches_the_paper_and_on_policy_returns():
+    g = torch.Generator().manual_seed(0)
+    t_len, n = 7, 4
+    log_rhos = torch.randn(t_len, n, generator=g)
+    discounts = 0.9 * (torch.rand(t_len, n, generator=g) > 0.2).float()
+    rewards, values = torch.randn(t_len, n, generator=g), torch.randn(t_len, n, generator=g)
+    bootstrap = torch.randn(n, generator=g)
+    vs, _ = vtrace(log_rhos, discounts, rewards, values, bootstrap, 1.0, 0.9)
+    expected = _naive_vtrace(log_rhos, discounts, rewards, values, bootstrap, 1.0, 0.9)
+    assert torch.allclose(vs, expected, atol=1e-5)
+    # on-policy (rho = 1): V-trace targets are the bootstrapped discounted returns
+    vs, adv = vtrace(torch.zeros(t_len, n), discounts, rewards, values, bootstrap)
+    returns, running = torch.empty_like(rewards), bootstrap
+    for t in range(t_len - 1, -1, -1):
+        running = rewards[t] + discounts[t] * running
+        returns[t] = running
+    assert torch.allclose(vs, returns, atol=1e-5)
+    next_vs = torch.cat([vs[1:], bootstrap.unsqueeze(0)])
+    assert torch.allclose(adv, rewards + discounts * next_vs - values, atol=1e-5)
+
+
+def test_impala_update_learns_the_rewarded_action_and_steps_inside_publishing():
+    # a batch laid out as take_batch gives it ([T, B, E, ...]), collected on-policy: action 0
+    # earns 1, action 1 nothing, and no episode ends
+    cfg = ImpalaConfig(unroll=8, envs_per_worker=4, batch_rollouts=2, entropy_coef=0.0, lr=1e-2)
+    obs_space = gym.spaces.Box(-1.0, 1.0, (3,))
+    torch.manual_seed(0)
+    model = make_model(obs_space, gym.spaces.Discrete(2), cfg)
+    optimizer = make_optimizer(model.parameters(), cfg)
+    obs = torch.rand(cfg.unroll + 1, cfg.batch_rollouts, cfg.envs_per_worker, 3) * 2 - 1
+
+    def p_rewarded() -> float:
+        with torch.no_grad():
+            return float(torch.softmax(model.pi(obs), -1)[..., 0].mean())
+
+    def weights() -> list[torch.Tensor]:
+        return [p.detach().clone() for p in model.parameters()]
+
+    steps: list[bool] = []  # per update: the weights changed inside publishing(), and only there
+    published = weights()
+
+    @contextlib.contextmanager
+    def publishing(of: torch.nn.Module):
+        assert of is model
+        nonlocal published
+        before = weights()
+        yield
+        unchanged = all(map(torch.equal, published, before))
+        published = weights()
+        steps.append(unchanged and not all(map(torch.equal, before, published)))
+
+    start = p_rewarded()
+    for _ in range(30):
+        with torch.no_grad():
+            out = model.pi(obs[:-1].flatten(0, 2))
+        actions = model.sample(out)
+        logp, _ = model.log_prob_entropy(out, actions)
+        actions, logp = actions.view(obs[:-1].shape[:3]), logp.view(obs[:-1].shape[:3])
+        batch = {
+            "obs": obs, "action": actions, "logp": logp, "reward": (actions == 0).float(),
+            "done": torch.zeros_like(logp),
+        }  # fmt: skip
+        stats = update(model, optimizer, cfg, batch, publishing)
+        assert set(stats) == {"policy_loss", "value_loss", "entropy", "grad_norm"}
+    assert steps == [True] * 30
+    assert 0.4 < start < 0.6 and p_rewarded() > 0.9
+
+
+@pytest.mark.parametrize("env", ["CartPole-v1", "Pendulum-v1"])
+def test_short_impala_run_through_the_cli(tmp_path, env):
+    run_dir = tmp_path / "run"
+    proc = cli(
+        "run", "--plugin", "impala", "--env", env, "--workers", "2", "--total-steps", "40000",
+        "--run-dir", str(run_dir), "--quiet", "--set", "envs_per_worker=8",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["env_steps"] >= 40000 and min(summary["per_worker_steps"]) > 0
+    learner = [r for r in read_metrics(run_dir) if r["source"] == "trainer"]
+    assert learner and learner[-1]["updates"] > 10
+    assert all(0 <= r["staleness"] < 20 for r in learner)
+    # the per-worker counters in the Manager (control state) saw every worker hand rollouts over
+    assert learner[-1]["rollouts_min"] > 0
+    episodes = [r for r in read_metrics(run_dir) if "episode_return" in r]
+    assert {r["source"] for r in episodes} == {"worker:0", "worker:1"}
+
+
+def test_impala_worker_killed_mid_run_is_restarted_and_learning_goes_on(tmp_path):
+    # one slot per worker: if the dead worker left its slot or any lock behind, its restart
+    # could not hand a rollout over again
+    run_dir = tmp_path / "run"
+    args = [
+        "--plugin", "impala", "--workers", "2", "--total-steps", "1e9", "--run-dir", str(run_dir),
+        "--quiet", "--max-restarts", "1", "--restart-delay", "0.2",
+        "--set", "slots_per_worker=1", "--set", "batch_rollouts=2", "--set", "lr=1e-6",
+    ]  # fmt: skip
+    with running(args) as proc:
+        wait_for_metrics(run_dir, lambda r: r.get("source") == "worker:1")
+        restart = kill_worker_and_wait_for_restart(proc, run_dir, 1)
+        # the learner keeps updating after the restart
+        wait_for_metrics(
+            run_dir,
+            lambda r: r.get("source") == "trainer" and r["wall"] > restart["wall"] + 3
+            and r["rollouts_min"] > 0,
+        )  # fmt: skip
+        updates_then = max(r["updates"] for r in read_metrics(run_dir) if "updates" in r)
+        time.sleep(3)
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    metrics = read_metrics(run_dir)
+    assert max(r["updates"] for r in metrics if "updates" in r) > updates_then
+    # the restarted worker stepped on through more than two rollouts: its one slot came back
+    config = ImpalaConfig()
+    after = [r for r in metrics if r["source"] == "worker:1" and r["wall"] > restart["wall"]]
+    assert (
+        sum(r.get("episode_length", 0) for r in after) > 2 * config.unroll * config.envs_per_worker
+    )
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["restarts"] == [0, 1]
+
+
+def test_a_profiled_impala_worker_makes_no_manager_call_per_step(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = cli(
+        "run", "--plugin", "impala", "--workers", "2", "--total-steps", "30000", "--quiet",
+        "--run-dir", str(run_dir), "--set", "envs_per_worker=8", env={"MPRL_PROFILE": "1"},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    steps = json.loads((run_dir / "summary.json").read_text())["per_worker_steps"][0]
+    profile = pstats.Stats(str(run_dir / "logs" / "worker-0.prof"))
+    stats = profile.stats  # type: ignore[attr-defined]
+
+    def calls(file_part: str, name: str) -> int:
+        return sum(v[1] for (f, _, fn), v in stats.items() if file_part in f and fn == name)
+
+    env_steps = calls("cartpole.py", "step")
+    assert env_steps >= steps > 0  # the profile covers the per-step path
+    rollouts = steps // (8 * 16)
+    manager_calls = calls("managers.py", "_callmethod")
+    # the per-worker counter: read at the start, written once a second and at the end; none
+    # per step, none per rollout
+    seconds = profile.total_tt  # type: ignore[attr-defined]
+    assert manager_calls <= seconds / COUNT_EVERY_S + 3 < rollouts, (
+        manager_calls,
+        seconds,
+        rollouts,
+    )

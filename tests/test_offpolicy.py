@@ -1,0 +1,83 @@
+"""An off-policy algorithm on the schema's transport alone (tests/plugins/mprl_dqn.py): a replay
+buffer sized from the config and shaped by the spaces, a target network and an update counter in
+the shared state, all kept across a resume; serial and spawned runs."""
+
+from __future__ import annotations
+
+import json
+
+import gymnasium as gym
+import pytest
+import torch
+
+from mprl import schema
+from mprl.backends.tensors import TensorStateBuilder
+from mprl.errors import SchemaError
+from mprl.host.checkpoint import load
+from tests.conftest import cli, cli_here, read_metrics
+from tests.plugins import mprl_dqn
+
+SMALL = {"buffer_size": 1000, "learning_starts": 200, "target_every": 50, "batch_size": 32}
+
+
+def test_dqn_learns_from_its_replay_buffer_in_serial_mode(mprl_pm, mprl_serial):
+    mprl_pm.register(mprl_dqn)
+    a, b = (mprl_serial("dqn", workers=2, total_steps=2000, seed=5, config=SMALL) for _ in "ab")
+    state = a.state
+    assert state.replay.capacity == 1000 and state.replay.size() == 1000  # both rings full
+    assert state.replay.buffers["obs"].shape == (1000, 4)  # CartPole's observations
+    assert state.replay.buffers["action"].dtype == torch.int64
+    assert 0 < state.updates.value == state.weights.version  # every update was published
+    logged = [r["updates"] for r in a.records if "updates" in r]
+    assert logged and all(u % 50 == 0 for u in logged)
+    # the target network is the model as of the last copy, not its initial weights
+    spaces = gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2)
+    initial = mprl_dqn.make_model(*spaces, mprl_dqn.DQNConfig())
+    assert not torch.equal(state.target[0].weight, initial[0].weight)
+    assert a.episode_returns == b.episode_returns  # a serial run repeats for a seed
+
+
+def test_dqn_replay_counter_and_target_are_kept_across_a_resume(installed, tmp_path):
+    run_dir = tmp_path / "run"
+    common = ["--workers", "2", "--quiet", *(f"--set={k}={v}" for k, v in SMALL.items())]
+    first = cli(
+        "run", "--plugin", "dqn", "--total-steps", "3000", "--run-dir", str(run_dir), *common
+    )
+    assert first.returncode == 0, first.stderr
+    _, before = load(run_dir)
+    shared = before["shared_state"]
+    assert set(shared) == {"replay", "weights", "target", "updates"}
+    assert int(shared["replay"]["heads"].sum()) == before["env_steps"]  # a row per step
+    assert shared["updates"] == shared["weights"]["version"] > 0
+    again = cli("run", "--resume", str(run_dir), "--total-steps", "5000", "--quiet")
+    assert again.returncode == 0, again.stderr
+    _, after = load(run_dir)
+    new_steps = after["env_steps"] - before["env_steps"]
+    assert new_steps > 0 and after["env_steps"] >= 5000
+    # the restored rings counted on: nothing was lost and nothing counted twice
+    assert int(after["shared_state"]["replay"]["heads"].sum()) == after["env_steps"]
+    assert after["shared_state"]["updates"] > shared["updates"]
+    assert after["shared_state"]["weights"]["version"] == after["shared_state"]["updates"]
+    events = [r.get("event") for r in read_metrics(run_dir)]
+    assert "resume" in events and "state-not-restored" not in events
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["session"] == 1 and summary["status"] == "finished"
+
+
+def test_a_replay_buffer_can_stay_out_of_checkpoints():
+    kept, skipped = schema.ReplayBuffer(capacity=8), schema.ReplayBuffer(8, checkpoint=False)
+    dims = schema.Dims(2, gym.spaces.Box(-1, 1, (3,)), gym.spaces.Discrete(2))
+    builder = TensorStateBuilder(None, torch.nn.Linear(1, 1), None, share=False, sleep=True)
+    assert kept.snapshot(kept.build(builder, dims)) is not None
+    assert skipped.snapshot(skipped.build(builder, dims)) is None
+
+
+def test_sizes_from_the_config_are_checked_before_anything_starts(installed, capsys):
+    code, err = cli_here(capsys, "run", "--plugin", "dqn", "--set", "buffer_size=0")
+    assert code == 2
+    assert "shared-state field 'replay' (ReplayBuffer): size 'config.buffer_size' is 0" in err
+    dims = schema.Dims(2, gym.spaces.Box(-1, 1, (3,)), gym.spaces.Discrete(2), mprl_dqn.DQNConfig())
+    with pytest.raises(SchemaError, match=r"size 'config\.buffer_sise': the config has no field"):
+        schema.Schema(replay=schema.ReplayBuffer("config.buffer_sise")).check_dims(dims)
+    with pytest.raises(SchemaError, match=r"'config\.2x' must be an int, 'workers', 'all'"):
+        schema.Schema(t=schema.Tensor(shape=("config.2x",)))
