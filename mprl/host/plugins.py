@@ -7,6 +7,7 @@ build one with ``autoload=False`` and register plugin objects inline.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.metadata as md
 import os
@@ -144,48 +145,43 @@ class PluginManager(pluggy.PluginManager):
         ]
         return self.subset_hook_caller(hook, remove_plugins=others)(**kwargs)
 
-    def call_each(self, hook: str, **kwargs: Any) -> list[tuple[str, Any]]:
-        """Call ``hook`` on each plugin separately, in pluggy's order, with the plugin's name.
-
-        Lets the core name the plugin behind a bad result, which one combined call cannot.
-        """
-        impls = getattr(self.hook, hook).get_hookimpls()
-        # pluggy calls the last registered first
-        return [(i.plugin_name, self.call_one(hook, i.plugin, **kwargs)) for i in reversed(impls)]
+    def _registrations(self, hook: str, add: Callable[..., None]) -> None:
+        """Call registration ``hook`` on each plugin with ``register(*args)`` calling
+        ``add(plugin_name, *args)``; whatever goes wrong is a PluginError naming the plugin."""
+        for impl in reversed(getattr(self.hook, hook).get_hookimpls()):
+            name = impl.plugin_name
+            try:
+                self.call_one(hook, impl.plugin, register=functools.partial(add, name))
+            except PluginError as exc:
+                if str(exc).startswith("plugin "):
+                    raise
+                raise PluginError(f"plugin {name!r}: {exc}") from None
+            except Exception as exc:
+                raise PluginError(
+                    f"plugin {name!r}: {hook} raised {type(exc).__name__}: {exc}"
+                ) from exc
 
     def algorithms(self) -> dict[str, tuple[str, Algorithm]]:
         """``{algorithm name: (plugin name, Algorithm)}`` from every plugin's registration hook."""
         if self._algorithms is not None:
             return self._algorithms
         found: dict[str, tuple[str, Algorithm]] = {}
-        for impl in reversed(self.hook.mprl_register_algorithms.get_hookimpls()):
-            plugin_name = impl.plugin_name
 
-            def register(algo: Any, _plugin: str = plugin_name) -> None:
-                if not isinstance(algo, Algorithm):
-                    raise PluginError(
-                        f"plugin {_plugin!r}: mprl_register_algorithms called register() with "
-                        f"{type(algo).__name__} {algo!r}; expected an mprl.Algorithm"
-                    )
-                if algo.name in found:
-                    raise PluginError(
-                        f"algorithm {algo.name!r} is registered by two plugins: "
-                        f"{found[algo.name][0]!r} and {_plugin!r}; block one with "
-                        f"-p no:NAME or {BLOCK_ENV}=NAME"
-                    )
-                found[algo.name] = (_plugin, algo)
-
-            try:
-                self.call_one("mprl_register_algorithms", impl.plugin, register=register)
-            except PluginError as exc:
-                if str(exc).startswith("plugin "):
-                    raise
-                raise PluginError(f"plugin {plugin_name!r}: {exc}") from None
-            except Exception as exc:
+        def register(plugin: str, algo: Any) -> None:
+            if not isinstance(algo, Algorithm):
                 raise PluginError(
-                    f"plugin {plugin_name!r}: mprl_register_algorithms raised "
-                    f"{type(exc).__name__}: {exc}"
-                ) from exc
+                    f"plugin {plugin!r}: mprl_register_algorithms called register() with "
+                    f"{type(algo).__name__} {algo!r}; expected an mprl.Algorithm"
+                )
+            if algo.name in found:
+                raise PluginError(
+                    f"algorithm {algo.name!r} is registered by two plugins: "
+                    f"{found[algo.name][0]!r} and {plugin!r}; block one with "
+                    f"-p no:NAME or {BLOCK_ENV}=NAME"
+                )
+            found[algo.name] = (plugin, algo)
+
+        self._registrations("mprl_register_algorithms", register)
         self._algorithms = found
         return found
 
@@ -212,27 +208,16 @@ class PluginManager(pluggy.PluginManager):
         if self._backends is not None:
             return self._backends
         found: dict[str, BackendInfo] = {}
-        for impl in reversed(self.hook.mprl_register_backends.get_hookimpls()):
 
-            def register(
-                name: str, factory: Any, description: str = "", _plugin: str = impl.plugin_name
-            ) -> None:
-                if not (isinstance(name, str) and name) or not callable(factory):
-                    raise PluginError(
-                        f"plugin {_plugin!r}: mprl_register_backends called register("
-                        f"{name!r}, {factory!r}); expected a name and a backend factory"
-                    )
-                found.setdefault(name, BackendInfo(name, _plugin, factory, description))
-
-            try:
-                self.call_one("mprl_register_backends", impl.plugin, register=register)
-            except PluginError:
-                raise
-            except Exception as exc:
+        def register(plugin: str, name: Any, factory: Any, description: str = "") -> None:
+            if not (isinstance(name, str) and name) or not callable(factory):
                 raise PluginError(
-                    f"plugin {impl.plugin_name!r}: mprl_register_backends raised "
-                    f"{type(exc).__name__}: {exc}"
-                ) from exc
+                    f"plugin {plugin!r}: mprl_register_backends called register({name!r}, "
+                    f"{factory!r}); expected a name and a backend factory"
+                )
+            found.setdefault(name, BackendInfo(name, plugin, factory, description))
+
+        self._registrations("mprl_register_backends", register)
         self._backends = found
         return found
 
