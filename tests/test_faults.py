@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from mprl.host import checkpoint
 from tests.conftest import (
     alive,
     child_pids,
@@ -201,6 +202,16 @@ def test_second_sigint_forces_a_fast_exit(installed, run_dir):
     clean_stderr(stderr)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "interrupted" and summary["stop_reason"].startswith("second SIGINT")
+    # no periodic checkpoint yet (the first is at 60 s): the main process saved one after the
+    # children were killed, with the steps its episodes show
+    _, saved = checkpoint.load(run_dir)
+    assert saved["env_steps"] == summary["env_steps"] > 0
+    assert f"the checkpoint holds {summary['env_steps']:,} env steps" in stderr
+    episodes = [r for r in read_metrics(run_dir) if "episode_return" in r]
+    assert (
+        len(episodes) == summary["episodes"]
+        and max(r["step"] for r in episodes) <= summary["env_steps"]
+    )
     deadline = time.monotonic() + 5  # the resource tracker follows its parent
     while [k for k in kids if alive(k)] and time.monotonic() < deadline:
         time.sleep(0.1)

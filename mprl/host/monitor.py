@@ -56,6 +56,7 @@ class RunMonitor:
         self._last_main_record = self._last_checkpoint = time.monotonic()
         self._solved_logged = stats.solved()  # a resumed run solved before: logged then
         self.state: SharedState | None = None
+        self.saved_steps: int | None = None  # env steps in the last checkpoint written
         self._check_after = 0  # episodes: the next policy check waits for this many
 
     def on_start(self, state: SharedState) -> None:
@@ -158,7 +159,7 @@ class RunMonitor:
         previous checkpoint kept; it is not a reason to lose the run.
         """
         start = self._last_checkpoint = time.monotonic()
-        shared: dict[str, Any] = {}
+        shared = dict(self.job.state_snapshot)  # the state is not built yet: keep what was
         if self.state is not None:
             try:
                 shared = self.job.algorithm.schema.snapshot(self.state)
@@ -187,6 +188,7 @@ class RunMonitor:
             message = f"checkpoint not written ({exc}); the previous one is kept"
             self.on_event({"event": "checkpoint-failed", "message": message})
             return None
+        self.saved_steps = stats.env_steps
         record = {"source": "main", "event": "checkpoint", "step": stats.env_steps}
         record.update(wall=round(stats.wall_s, 4), path=str(path))
         self._emit([{**record, "seconds": round(time.monotonic() - start, 4)}])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import fcntl
 import json
 import os
 import tempfile
@@ -43,13 +44,38 @@ def _json_bytes(data: Mapping[str, Any]) -> bytes:
     return (json.dumps(data, indent=2, sort_keys=True, default=str) + "\n").encode()
 
 
+LOCK = ".lock"  # held (flock) by the process running in the directory; it holds that pid
+
+
 class RunDir:
-    """``config.json``, ``metrics.jsonl``, ``checkpoints/last.pt`` and ``summary.json``."""
+    """``config.json``, ``metrics.jsonl``, ``checkpoints/last.pt`` and ``summary.json``.
+
+    :meth:`create` and :meth:`reopen` lock the directory for the process until :meth:`close`:
+    a second run (or a resume) in it is refused naming the pid that holds it. The kernel drops
+    the lock when its process dies, however it dies, so a stale lock is simply taken over.
+    """
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.checkpoints = self.path / "checkpoints"
         self._metrics: Any = None
+        self._lock: int | None = None
+
+    def _take_lock(self) -> None:
+        fd = os.open(self.path / LOCK, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise UsageError(
+                f"run directory {str(self.path)!r} is in use by another mprl process (pid "
+                f"{holder}); wait for it to end or stop it (kill -INT {holder}), or choose "
+                "another --run-dir"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._lock = fd
 
     @classmethod
     def create(cls, path: str | Path | None, plugin: str, env: str) -> RunDir:
@@ -68,7 +94,9 @@ class RunDir:
             (p / "checkpoints").mkdir(exist_ok=True)
         except OSError as exc:
             raise UsageError(f"cannot create run directory {str(p)!r}: {exc}") from None
-        return cls(p)
+        run = cls(p)
+        run._take_lock()
+        return run
 
     @classmethod
     def reopen(cls, path: str | Path) -> RunDir:
@@ -76,9 +104,11 @@ class RunDir:
         p = Path(path)
         if not (p / "checkpoints").is_dir():
             raise UsageError(f"{str(p)!r} is not a run directory (it has no checkpoints/)")
+        run = cls(p)
+        run._take_lock()  # before anything is touched: another process may be writing here
         for stale in p.glob("**/.*.tmp"):  # a write cut short by a crash of the last session
             stale.unlink(missing_ok=True)
-        return cls(p)
+        return run
 
     def write_json(self, name: str, data: Mapping[str, Any]) -> Path:
         target = self.path / name
@@ -117,14 +147,20 @@ class RunDir:
     def discard(self) -> None:
         """Remove a run directory made by :meth:`create` before anything ran in it (it holds
         only ``config.json`` and an empty ``checkpoints/``), so the same command can be rerun."""
-        self.close()
         with contextlib.suppress(OSError):
+            (self.path / LOCK).unlink(missing_ok=True)  # still ours: the directory goes
             (self.path / "config.json").unlink(missing_ok=True)
             self.checkpoints.rmdir()
             self.path.rmdir()
 
+        self.close()
+
     def close(self) -> None:
+        """Close the metrics files and give the directory's lock back."""
         if self._metrics is not None:
             self._metrics.close()
             self._csv_file.close()
             self._metrics = None
+        if self._lock is not None:
+            os.close(self._lock)
+            self._lock = None

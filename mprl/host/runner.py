@@ -7,6 +7,7 @@ watching, and finish (summary, reporters, exit status).
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
 import threading
@@ -99,16 +100,19 @@ def run(
     notes = backend.prepare(plan.job)
     rundir, info = _open_rundir(plan, run_dir)
     signals = _Signals()
-    display = Progress(progress)
-    monitor = _monitor(plan, info, rundir, pm, display, signals)
-    try:
-        pm.hook.mprl_run_start(run=info)
-    except UsageError:  # a reporter cannot start (a missing package): nothing has run yet
-        if plan.resume is None:
-            rundir.discard()
-        raise
-    outcome = _execute(plan, backend, monitor, display, signals, notes)
-    return _finish(plan, info, rundir, outcome, monitor, pm, signals)
+    # the run directory stays locked until the run is over, however it ends; from here on a
+    # SIGINT / SIGTERM (to the whole process group, too) is a clean stop with a summary
+    with signals.installed(), contextlib.closing(rundir):
+        display = Progress(progress)
+        monitor = _monitor(plan, info, rundir, pm, display, signals)
+        try:
+            pm.hook.mprl_run_start(run=info)
+        except UsageError:  # a reporter cannot start (a missing package): nothing has run yet
+            if plan.resume is None:
+                rundir.discard()
+            raise
+        outcome = _execute(plan, backend, monitor, display, signals, notes)
+        return _finish(plan, info, rundir, outcome, monitor, pm, signals)
 
 
 def _open_rundir(plan: Prepared, run_dir: str | Path | None) -> tuple[RunDir, RunInfo]:
@@ -122,6 +126,16 @@ def _open_rundir(plan: Prepared, run_dir: str | Path | None) -> tuple[RunDir, Ru
         plan.plugin, plan.plugin_version, job.algorithm.name, job.config, job.run, rundir.path,
         plan.reward_threshold,
     )  # fmt: skip
+    try:
+        _write_config(rundir, plan)
+    except BaseException:
+        rundir.close()
+        raise
+    return rundir, info
+
+
+def _write_config(rundir: RunDir, plan: Prepared) -> None:
+    job = plan.job
     rundir.write_json(
         "config.json",
         {
@@ -135,7 +149,6 @@ def _open_rundir(plan: Prepared, run_dir: str | Path | None) -> tuple[RunDir, Ru
             "config": as_dict(job.config),
         },
     )
-    return rundir, info
 
 
 def _monitor(
@@ -191,14 +204,11 @@ def _execute(
             }
         )
     try:
-        with signals.installed():
-            try:
-                return backend.execute(job, monitor)
-            except KeyboardInterrupt:
-                if not signals.forced:
-                    raise
-                # the second Ctrl-C: children were killed, no final checkpoint
-                return Outcome("second SIGINT: forced exit")
+        return backend.execute(job, monitor)
+    except KeyboardInterrupt:
+        if not signals.forced:
+            raise
+        return Outcome("second SIGINT: forced exit")  # the children were killed
     finally:
         display.stop(monitor.stats.snapshot())
 
@@ -242,7 +252,16 @@ def _finish(
     rundir.close()
     pm.hook.mprl_run_end(run=info, summary=summary.to_dict())
     if signals.forced:
-        print("mprl: forced exit (second Ctrl-C); kept the last checkpoint", file=sys.stderr)
+        saved = monitor.saved_steps
+        print(
+            "mprl: forced exit (second Ctrl-C): the children were killed; "
+            + (
+                "no checkpoint was written, so this run cannot be resumed"
+                if saved is None
+                else f"the checkpoint holds {saved:,} env steps (--resume {rundir.path})"
+            ),
+            file=sys.stderr,
+        )
     if outcome.failures:
         for f in outcome.failures:
             print(f"mprl: {f.who} {f.reason}", file=sys.stderr)

@@ -48,6 +48,7 @@ def evaluate(
                 '--video needs moviepy: pip install "mprl[video]" (or "gymnasium[other]")'
             ) from None
     file, data = checkpoint.load(source)
+    target = _checked_out(Path(out) if out is not None else _default_out(file), file)
     pm = plugins or get_plugin_manager()
     try:
         _, algo, config, run_cfg = resolve(data["algorithm"], pm, data["config"], data["run"])
@@ -105,10 +106,23 @@ def evaluate(
         "lengths": lengths,
         "video_dir": str(video_dir) if video_dir is not None else None,
     }
-    target = Path(out) if out is not None else _default_out(file)
     atomic_write(target, lambda f: f.write((json.dumps(result, indent=2) + "\n").encode()))
     result["written_to"] = str(target)
     return result
+
+
+def _checked_out(target: Path, source: Path) -> Path:
+    """Where the results go, refused before anything is played if it cannot take them."""
+    if target.is_dir():
+        raise UsageError(f"--out {str(target)!r} is a directory; give the path of a JSON file")
+    if not target.parent.is_dir():
+        raise UsageError(f"--out {str(target)!r}: directory {str(target.parent)!r} does not exist")
+    if target.exists() and target.samefile(source):
+        raise UsageError(
+            f"--out {str(target)!r} is the checkpoint being evaluated; it would be overwritten "
+            "with the results: give another file"
+        )
+    return target
 
 
 def _default_out(file: Path) -> Path:

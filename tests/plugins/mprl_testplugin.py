@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from typing import Any
 
 import attrs
 import gymnasium as gym
@@ -98,6 +99,11 @@ class ProbeConfig:
     play_action: int = attrs.field(
         default=-1, metadata={"help": "the action the model's act() plays (-1: it has no act)"}
     )
+    act_returns: str = attrs.field(
+        default="list",
+        validator=attrs.validators.in_(("list", "tensor", "raise")),
+        metadata={"help": "what act() answers: a list, a torch tensor (wrong), or it raises"},
+    )
 
 
 def inject(ctx: mprl.Context, fault: str) -> None:
@@ -141,19 +147,22 @@ class ProbeModel(torch.nn.Module):
 class PlayingProbeModel(ProbeModel):
     """A ProbeModel with the ``act`` that ``mprl eval`` and the solved check play with."""
 
-    def __init__(self, n_in: int, extra: int, action: int) -> None:
+    def __init__(self, n_in: int, extra: int, action: int, returns: str = "list") -> None:
         super().__init__(n_in, extra)
-        self.action = action
+        self.action, self.returns = action, returns
 
-    def act(self, obs: torch.Tensor, deterministic: bool) -> list[int]:
-        return [self.action] * obs.shape[0]
+    def act(self, obs: torch.Tensor, deterministic: bool) -> Any:
+        if self.returns == "raise":
+            raise ValueError("act() is broken")
+        actions = [self.action] * obs.shape[0]
+        return torch.tensor(actions) if self.returns == "tensor" else actions
 
 
 def make_model(obs_space, act_space, config):
     n_in = int(np.prod(obs_space.shape))
     if config.play_action < 0:
         return ProbeModel(n_in, config.model_tensors)
-    return PlayingProbeModel(n_in, config.model_tensors, config.play_action)
+    return PlayingProbeModel(n_in, config.model_tensors, config.play_action, config.act_returns)
 
 
 def make_optimizer(params, config):

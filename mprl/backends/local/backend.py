@@ -49,6 +49,7 @@ KILL_GRACE_S = 2.0
 STARTUP_TIMEOUT_S = 120.0
 _STOP_SIGNALS = (-signal.SIGTERM, -signal.SIGINT)
 PARENT_DIED_EXIT = 70  # a child's exit code when it left because the main process died
+_BLOCKED = {signal.SIGINT, signal.SIGTERM}  # while a child starts
 
 
 def _set_process_name(name: str) -> None:
@@ -57,14 +58,20 @@ def _set_process_name(name: str) -> None:
         ctypes.CDLL(None).prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME
 
 
-def _init_child(name: str) -> None:
+def _init_child(name: str, ignore_sigterm: bool = False) -> None:
     """First thing in every child, the Manager server included.
 
     Ctrl-C reaches the whole process group, but only the main process decides what it means.
-    If the main process dies without stopping us (SIGKILL, OOM), exit: nothing else would.
+    SIGINT and SIGTERM arrive blocked (:func:`_child_environment`); they are unblocked once
+    SIGINT is ignored (and SIGTERM, for the Manager server), so a signal to the group while a
+    child is still starting does not kill it halfway. If the main process dies without stopping
+    us (SIGKILL, OOM), exit: nothing else would.
     """
     _set_process_name(name)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if ignore_sigterm:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _BLOCKED)
     parent = mp.parent_process()
     if parent is not None:
 
@@ -80,8 +87,7 @@ def _init_manager(name: str) -> None:
     whole process group (``kill -TERM -PGID``, ``docker stop``) is the main process's to act on:
     it stops the run cleanly, with the shared state still there for the final checkpoint, then
     shuts the server down (which kills it if it does not go)."""
-    _init_child(name)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    _init_child(name, ignore_sigterm=True)
 
 
 def _child_main(fn: Callable[[Context], None], ctx: Context, threads: int, stack_file: str) -> None:
@@ -124,15 +130,16 @@ def _child_main(fn: Callable[[Context], None], ctx: Context, threads: int, stack
 
 @contextlib.contextmanager
 def _child_environment(threads: int) -> Iterator[None]:
-    """What spawned children start with: thread counts, and SIGINT blocked.
+    """What spawned children start with: thread counts, and SIGINT and SIGTERM blocked.
 
     The signal mask survives exec, so a Ctrl-C while a child is still importing cannot print a
-    KeyboardInterrupt traceback there; the main process gets its Ctrl-C once starting is over.
+    KeyboardInterrupt traceback there, and a SIGTERM to the process group cannot kill the
+    Manager server before it answers; the main process gets them once starting is over.
     """
     saved = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
     for key in saved:
         os.environ.setdefault(key, str(threads))
-    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, _BLOCKED)
     try:
         yield
     finally:
@@ -229,6 +236,8 @@ class _LocalRun:
         self.children = [_Child(role) for role in job.roles()]
         self.threads = job.run.torch_threads or threads_per_child(len(self.children))
         manager: SyncManager | None = None
+        self.state: Any = None
+        self._stopped = False
         records = self.ctx.Queue()
         self.errors: dict[str, str] = {}
         try:
@@ -238,7 +247,13 @@ class _LocalRun:
             with _child_environment(self.threads):
                 if job.algorithm.schema.needs_manager():
                     server = SyncManager(ctx=self.ctx)
-                    server.start(initializer=_init_manager, initargs=("mprl-manager",))
+                    try:
+                        server.start(initializer=_init_manager, initargs=("mprl-manager",))
+                    except (EOFError, OSError) as exc:  # it died before it answered
+                        if reason := self._stop_requested():
+                            return Outcome(reason)
+                        cause = f"failed to start ({type(exc).__name__}: {exc})"
+                        return Outcome("failed", [ChildFailure("Manager server", -1, None, cause)])
                     manager = server
                 builder = TensorStateBuilder(
                     manager, job.model, job.algorithm.make_model, share=True, sleep=True
@@ -247,26 +262,26 @@ class _LocalRun:
             if skipped:
                 self._event("state-not-restored", skipped)
             monitor.on_start(self.state)
-            interval = job.run.start_interval
-            for i, child in enumerate(self.children):
-                self._start(child)
-                if interval and child.role.role == "worker" and i < len(self.children) - 1:
-                    time.sleep(interval)
             server_process = manager._process if manager is not None else None  # type: ignore[attr-defined]
-            reason, failures = self._supervise(server_process)
+            reason = self._start_all()
+            failures: list[ChildFailure] = []
+            if reason is None:
+                reason, failures = self._supervise(server_process)
             stop_start = time.monotonic()
             channel.stop()
             failures += self._stop()
             shutdown_s = time.monotonic() - stop_start
-            monitor.on_stop(channel.steps.tolist())
+            self._on_stop()
             restarts = tuple(c.restarts for c in self.children if c.role.role == "worker")
             return Outcome(reason, failures, restarts, round(shutdown_s, 3))
         finally:
-            for child in self.children:  # only reached with live children on an unexpected error
+            for child in self.children:  # live children only on a forced exit or an error
                 if child.process is not None:
                     if child.process.is_alive():
                         child.process.kill()
                     child.process.join()
+            if self.state is not None:  # every child is gone: save what was learned
+                self._on_stop()
                 with contextlib.suppress(OSError):
                     if child.stack_file and not os.path.getsize(child.stack_file):
                         os.unlink(child.stack_file)  # kept when it holds a hung child's stack
@@ -278,6 +293,30 @@ class _LocalRun:
             records.join_thread()
             if manager is not None:
                 manager.shutdown()
+
+    def _start_all(self) -> str | None:
+        """Start the children one after another, ``--start-interval`` apart; a reason to stop
+        (Ctrl-C, ...) that comes meanwhile ends the starting: what started is stopped."""
+        interval = self.job.run.start_interval
+        for i, child in enumerate(self.children):
+            if reason := self._stop_reason():
+                return reason
+            self._start(child)
+            if child.role.role != "worker" or i == len(self.children) - 1:
+                continue
+            deadline = time.monotonic() + interval
+            while time.monotonic() < deadline:
+                self._drain()
+                if reason := self._stop_reason():
+                    return reason
+                time.sleep(min(base.TICK_S, max(0.0, deadline - time.monotonic())))
+        return None
+
+    def _on_stop(self) -> None:
+        """Tell the monitor, once, that every child has stopped (it writes the checkpoint)."""
+        if not self._stopped:
+            self._stopped = True
+            self.monitor.on_stop(self.channel.steps.tolist())
 
     def _start(self, child: _Child) -> None:
         """Start (or restart) the process of ``child``'s rank."""
@@ -356,10 +395,11 @@ class _LocalRun:
         steps = self.channel.steps.tolist()
         return self.monitor.on_tick(sum(steps), steps)
 
-    def _stop_requested(self) -> bool:
+    def _stop_requested(self) -> str | None:
+        """The signal's name when the main process was asked to stop by one, else ``None``."""
         time.sleep(0.1)  # let the main process's signal handler run
         reason = self._stop_reason()
-        return reason is not None and reason.startswith("SIG")
+        return reason if reason is not None and reason.startswith("SIG") else None
 
     def _kill_hung(self, child: _Child, silent: float) -> ChildFailure:
         """Dump the stack of a child that stopped sending heartbeats, then kill it."""

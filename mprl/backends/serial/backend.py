@@ -212,12 +212,12 @@ class _SerialRun:
         try:
             while not self.done.wait(base.TICK_S):
                 pass
-        finally:
-            self.stop("stopped")  # a second Ctrl-C: the threads leave at their next call
-        for proc in self.procs:
-            proc.thread.join()  # done: each has only its last instructions left
-        self._round()
-        self.monitor.on_stop(self.channel.steps)
+        finally:  # a second Ctrl-C too: the threads leave at their next call, and what they
+            self.stop("stopped")  # learned is saved
+            for proc in self.procs:
+                proc.thread.join(timeout=10)
+            self._round()
+            self.monitor.on_stop(self.channel.steps)
         restarts = (0,) * self.job.run.workers
         return Outcome(self.reason or "stopped", self.failures, restarts, 0.0)
 

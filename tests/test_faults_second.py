@@ -1,0 +1,151 @@
+"""The second fault matrix: what still lost data, crashed with a traceback or misled (issue
+"Nothing lost, nothing unclear"). Numbers in the comments are the issue's cases."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import (
+    child_pids,
+    clean_stderr,
+    cli,
+    cli_here,
+    read_metrics,
+    running,
+    wait_for_metrics,
+)
+
+
+def probe(run_dir: Path, *settings: str, steps: int = 10**9, workers: int = 2) -> list[str]:
+    args = ["--plugin", "probe", "--workers", str(workers), "--quiet", "--run-dir", str(run_dir)]
+    args += ["--total-steps", str(steps), "--set", "step_sleep=0.002"]
+    for setting in settings:
+        args += ["--set", setting]
+    return args
+
+
+# 1: two processes cannot write one run directory
+def test_a_run_directory_in_use_is_refused_naming_the_pid_that_holds_it(installed, run_dir):
+    with running([*probe(run_dir), "--checkpoint-every", "0.5"]) as proc:
+        wait_for_metrics(run_dir, lambda r: r.get("event") == "checkpoint")
+        config = (run_dir / "config.json").read_bytes()
+        tmp = run_dir / "checkpoints" / ".last.pt.in-flight.tmp"  # as a write in progress
+        tmp.write_bytes(b"x")
+        again = cli("run", "--resume", str(run_dir), "--quiet")
+        assert again.returncode == 2, again.stderr
+        assert f"is in use by another mprl process (pid {proc.pid})" in again.stderr
+        assert (run_dir / "config.json").read_bytes() == config and tmp.exists()
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    records = read_metrics(run_dir)
+    assert not [r for r in records if r.get("event") == "resume"]  # one session wrote here
+    # the lock ends with its process: a resume now takes the directory over
+    tmp.unlink()
+    resumed = cli("run", "--resume", str(run_dir), "--total-steps", "1", "--quiet")
+    assert resumed.returncode == 0, resumed.stderr
+
+
+def test_a_stale_lock_of_a_killed_run_is_taken_over(installed, run_dir):
+    with running([*probe(run_dir), "--checkpoint-every", "0.5"]) as proc:
+        wait_for_metrics(run_dir, lambda r: r.get("event") == "checkpoint")
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert (run_dir / ".lock").read_text().strip() == str(proc.pid)  # left by the dead run
+    resumed = cli("run", "--resume", str(run_dir), "--total-steps", "1", "--quiet")
+    assert resumed.returncode == 0, resumed.stderr
+    assert (run_dir / ".lock").read_text().strip() != str(proc.pid)
+
+
+# 2: eval --out cannot overwrite the checkpoint it reads, nor go nowhere
+def test_eval_out_is_checked_before_anything_is_played(installed, tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    assert (
+        cli("run", *probe(run_dir, steps=200, workers=1), "--set", "play_action=0").returncode == 0
+    )
+    ckpt = run_dir / "checkpoints" / "last.pt"
+    before = ckpt.read_bytes()
+    cases = [
+        (str(ckpt), "is the checkpoint being evaluated"),
+        (str(tmp_path), "is a directory"),
+        (str(tmp_path / "missing" / "e.json"), "does not exist"),
+    ]
+    for out, message in cases:
+        code, err = cli_here(capsys, "eval", str(run_dir), "--out", out)
+        assert code == 2 and message in err and "Traceback" not in err, err
+    assert ckpt.read_bytes() == before
+    code, _ = cli_here(capsys, "eval", str(run_dir), "--out", str(tmp_path / "e.json"))
+    assert code == 0 and json.loads((tmp_path / "e.json").read_text())["episodes"] == 10
+
+
+# 5: a plugin's act() that breaks its contract costs the run nothing
+@pytest.mark.parametrize("returns", ["tensor", "raise"])
+def test_a_broken_act_is_reported_once_and_the_run_goes_on(installed, tmp_path, returns):
+    run_dir = tmp_path / "run"
+    proc = cli(
+        "run", "--plugin", "probe", "--env", "Ledge-v0", "--workers", "1", "--quiet",
+        "--set", "train_action=0", "--set", "play_action=0", "--set", f"act_returns={returns}",
+        "--set", "step_sleep=0.001", "--total-steps", "5000", "--run-dir", str(run_dir),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["solved"] and summary["stop_reason"] == "solved"  # the training returns
+    assert (run_dir / "checkpoints" / "last.pt").exists()
+    checks = [r for r in read_metrics(run_dir) if r.get("event") == "policy-check"]
+    assert len(checks) == 1 and "error" in checks[0]
+    expected = (
+        "TypeError: act(obs_batch, deterministic) returned Tensor"
+        if returns == "tensor"
+        else "ValueError: act() is broken"
+    )
+    assert expected in checks[0]["error"]
+    assert proc.stderr.count("the policy check could not play algorithm 'probe'") == 1
+    clean_stderr(proc.stderr)
+
+
+# 6: SIGTERM to the whole process group while the Manager server starts
+def test_sigterm_to_the_group_while_the_manager_starts_is_a_clean_stop(installed, run_dir):
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mprl", "run", *probe(run_dir)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not child_pids(proc.pid) and time.monotonic() < deadline:  # the Manager first
+            time.sleep(0.005)
+        assert child_pids(proc.pid), "no child started"
+        os.killpg(proc.pid, signal.SIGTERM)  # what systemd and Slurm do
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 143, stderr
+    assert "Traceback" not in stderr and "EOFError" not in stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["signal"] == signal.SIGTERM
+
+
+# 7: a stop request while the workers start one after another
+def test_a_stop_between_worker_starts_starts_no_more_workers(installed, run_dir):
+    args = [*probe(run_dir, workers=4), "--start-interval", "10"]
+    with running(args) as proc:
+        wait_for_metrics(run_dir, lambda r: r.get("source") == "worker:0")
+        started = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=60)
+        took = time.monotonic() - started
+    assert proc.returncode == 130, stderr
+    assert took < 5, took  # not after the other three starts
+    sources = {r.get("source") for r in read_metrics(run_dir)}
+    assert "worker:0" in sources and not sources & {"worker:1", "worker:2", "worker:3"}
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["per_worker_steps"][1:] == [0, 0, 0]
