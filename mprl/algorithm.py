@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import gymnasium as gym
 
-from mprl.errors import PluginError
+from mprl.errors import PluginError, UsageError
 from mprl.schema import Schema
 
 if TYPE_CHECKING:
@@ -100,7 +100,8 @@ class Algorithm:
         lives in shared memory (Hogwild) and reaches every process as ``ctx.optimizer``.
     :param schema: the shared state the processes use (control state, tensors, and the
         transport of experience and weights), built by the backend for each run.
-    :param action_spaces: the gymnasium space types the algorithm supports.
+    :param action_spaces: the gymnasium action space types the algorithm supports.
+    :param observation_spaces: the observation space types it supports (default: any).
     :param default_env: the environment used when ``--env`` is not given.
     :param description: one line shown by ``python -m mprl plugins``.
     """
@@ -113,8 +114,28 @@ class Algorithm:
     make_optimizer: OptimizerFactory | None = attrs.field(default=None, validator=_validate)
     schema: Schema = attrs.field(factory=Schema, validator=_validate)
     action_spaces: tuple[type[gym.Space], ...] = (gym.spaces.Discrete, gym.spaces.Box)
+    observation_spaces: tuple[type[gym.Space], ...] = (gym.Space,)
     default_env: str = "CartPole-v1"
     description: str = ""
 
     def supports(self, action_space: gym.Space) -> bool:
         return isinstance(action_space, self.action_spaces)
+
+    def check_spaces(self, env: str, observation_space: gym.Space, action_space: gym.Space) -> None:
+        """Raise :class:`UsageError` naming the space of ``env`` this algorithm cannot take."""
+        for what, space, allowed in (
+            ("observation", observation_space, self.observation_spaces),
+            ("action", action_space, self.action_spaces),
+        ):
+            if not isinstance(space, allowed):
+                names = ", ".join(t.__name__ for t in allowed)
+                fix = (
+                    "; flatten it with a wrapper (gymnasium.wrappers.FlattenObservation) in "
+                    "an mprl_make_env plugin"
+                    if what == "observation" and gym.spaces.Box in allowed
+                    else ""
+                )
+                raise UsageError(
+                    f"algorithm {self.name!r} does not support the {what} space of {env!r} "
+                    f"({type(space).__name__}); it supports: {names}{fix}"
+                )

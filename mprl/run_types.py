@@ -11,6 +11,9 @@ from typing import Any
 import attrs
 from attrs import validators as v
 
+MAX_SEED = 2**32 - 1  # what every generator a run seeds (numpy's too) takes
+MAX_THREADS = 256  # torch threads per child; far more crashed torch here (100,000: SIGSEGV)
+
 
 def _positive_or_none(instance: Any, attribute: attrs.Attribute, value: int | None) -> None:
     if value is not None and value < 1:
@@ -29,7 +32,9 @@ class RunConfig:
         validator=v.ge(1),
         metadata={"help": "number of worker processes (default: number of cores)"},
     )
-    seed: int = attrs.field(default=0, validator=v.ge(0), metadata={"help": "run seed"})
+    seed: int = attrs.field(
+        default=0, validator=[v.ge(0), v.le(MAX_SEED)], metadata={"help": "run seed"}
+    )
     total_steps: int | None = attrs.field(
         default=None,
         validator=_positive_or_none,
@@ -40,7 +45,7 @@ class RunConfig:
     )
     torch_threads: int = attrs.field(
         default=0,
-        validator=v.ge(0),
+        validator=[v.ge(0), v.le(MAX_THREADS)],
         metadata={"help": "torch threads per child (0: cores / children)"},
     )
     backend: str = attrs.field(

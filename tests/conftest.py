@@ -220,8 +220,11 @@ def marked_pids(mark: str) -> list[int]:
 
 
 def temp_leftovers() -> set[str]:
+    """Temp files a run may leave: torch's error files, mprl's temp run directories, and
+    multiprocessing's directories (a Manager server's listening socket is in one)."""
     tmp = Path(tempfile.gettempdir())
-    return {p.name for pattern in ("pytorch-errorfile-*", "mprl-*") for p in tmp.glob(pattern)}
+    patterns = ("pytorch-errorfile-*", "mprl-*", "pymp-*")
+    return {p.name for pattern in patterns for p in tmp.glob(pattern)}
 
 
 def clean_stderr(stderr: str) -> None:

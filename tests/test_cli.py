@@ -39,6 +39,18 @@ from tests.conftest import (
         (["--plugin", "broken"], r"entry point broken = mprl_brokenplugin in distribution mprl-brokenplugin 0.1.0\) failed to import: ImportError: needs the frobnicator"),
         (["--plugin", "a3c", "-p", "no:a3c"], r"plugin 'a3c' is blocked"),
         ([], r"run needs --plugin NAME \(or --resume RUN_DIR\); installed: a3c, dqn, impala, ppo, probe"),
+        # the second fault matrix, case 9: values that crashed a run or a worker
+        (["--plugin", "a3c", "--seed", "18446744073709551616"], r"field 'seed': 'seed' must be <= 4294967295"),
+        (["--plugin", "a3c", "--seed", "1e30"], r"field 'seed' expects int, got 1e\+30"),
+        (["--plugin", "a3c", "--torch-threads", "100000"], r"field 'torch_threads': 'torch_threads' must be <= 256"),
+        (["--plugin", "a3c", "--set", "lr=inf"], r"a3c config: field 'lr' must be a finite number, got inf"),
+        (["--plugin", "a3c", "--set", "entropy_coef=nan"], r"field 'entropy_coef' must be a finite number, got nan"),
+        (["--plugin", "ppo", "--set", "n_steps=1e30"], r"ppo config: field 'n_steps' expects int, got 1e\+30"),
+        (["--plugin", "a3c", "--set", "hidden=[100000,100000]"], r"its model has 20,001,500,003 parameters \(74\.5 GiB\).*Make it smaller"),
+        # case 10: an observation space the built-in MLPs cannot take
+        (["--plugin", "impala", "--env", "Rooms-v0"], r"'impala' does not support the observation space of 'Rooms-v0' \(Dict\); it supports: Box; flatten it with a wrapper \(gymnasium.wrappers.FlattenObservation\)"),
+        # case 12: a missing module of a module:Env id is a usage error
+        (["--plugin", "a3c", "--env", "no_such_module_xyz:Foo-v0"], r"unknown gymnasium environment 'no_such_module_xyz:Foo-v0': No module named 'no_such_module_xyz'"),
     ],
 )  # fmt: skip
 def test_bad_input_exits_2_with_one_clear_line_and_starts_nothing(
@@ -58,6 +70,23 @@ def test_bad_input_through_a_real_process(installed, tmp_path):
     assert proc.stderr.strip().splitlines() == [
         "mprl: error: a3c config: field 'lr': 'lr' must be > 0.0: -1.0"
     ]
+
+
+def test_unreadable_config_files_name_the_file(installed, tmp_path, capsys):
+    binary = tmp_path / "binary.toml"
+    binary.write_bytes(b"lr = 0.01\n\xff\xfe")
+    for path, message in ((binary, "is not UTF-8 text"), (tmp_path, "is a directory")):
+        code, err = cli_here(capsys, "run", "--plugin", "a3c", "--config", str(path))
+        assert code == 2 and f"config file '{path}' {message}" in err and "Traceback" not in err
+
+
+def test_an_env_whose_constructor_takes_no_render_mode_runs(installed, tmp_path):
+    # case 11: older envs; the built-in factory passes render_mode only when one is set
+    run_dir = tmp_path / "run"
+    proc = cli("run", "--plugin", "ppo", "--env", "OldStyle-v0", "--workers", "1",
+               "--total-steps", "500", "--quiet", "--run-dir", str(run_dir))  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((run_dir / "summary.json").read_text())["env_steps"] >= 500
 
 
 def test_bad_toml_config_names_the_file_and_field(installed, tmp_path):

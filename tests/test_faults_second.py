@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.conftest import (
     child_pids,
@@ -149,3 +150,53 @@ def test_a_stop_between_worker_starts_starts_no_more_workers(installed, run_dir)
     assert "worker:0" in sources and not sources & {"worker:1", "worker:2", "worker:3"}
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "interrupted" and summary["per_worker_steps"][1:] == [0, 0, 0]
+
+
+# 12: an env id read from a checkpoint does not get to import code; 13: nor does pickled code
+def test_a_checkpoint_cannot_make_mprl_import_a_module(installed, tmp_path):
+    run_dir = tmp_path / "run"
+    assert cli("run", *probe(run_dir, steps=200, workers=1)).returncode == 0
+    ckpt = run_dir / "checkpoints" / "last.pt"
+    data = torch.load(ckpt, weights_only=True)
+    data["run"]["env"] = "evilmod:Corridor-v0"
+    torch.save(data, ckpt)
+    marker = tmp_path / "evil-ran"
+    (tmp_path / "evilmod.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    for args in (["eval", str(run_dir)], ["run", "--resume", str(run_dir), "--quiet"]):
+        proc = cli(*args, cwd=tmp_path)  # `python -m mprl` puts the cwd on sys.path
+        assert proc.returncode == 2, proc.stderr
+        assert "imports the Python module 'evilmod'" in proc.stderr
+        assert "--env evilmod:Corridor-v0" in proc.stderr and not marker.exists()
+    trusted = cli("eval", str(run_dir), "--env", "evilmod:Corridor-v0", cwd=tmp_path)
+    assert marker.exists(), trusted.stderr  # the user said so: it is imported
+    torch.save({"format": "mprl-checkpoint", "code": Path("x")}, ckpt)  # pickled code
+    proc = cli("eval", str(run_dir))
+    assert proc.returncode == 2 and "holds Python objects (code)" in proc.stderr
+    assert "weights_only" not in proc.stderr  # never the advice that would run it
+
+
+# 14: the main process SIGKILLed leaves nothing behind (the fixture checks /tmp/pymp-*,
+# /dev/shm and processes after every test)
+def test_a_killed_main_process_leaves_no_stack_files_or_cut_writes(installed, run_dir):
+    with running(probe(run_dir, "fault=none")) as proc:
+        wait_for_metrics(run_dir, lambda r: "episode_return" in r)
+        kids = child_pids(proc.pid)
+        assert len(list((run_dir / "logs").glob("*.stack"))) == 3  # trainer, two workers
+        cut = run_dir / "checkpoints" / ".last.pt.cut.tmp"  # a write the kill cut short
+        cut.write_bytes(b"half")
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    deadline = time.monotonic() + 10
+    while any(Path(f"/proc/{k}").exists() for k in kids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not (run_dir / "logs").exists() and not cut.exists()
+
+
+# 15: one rule for file modes: the user's umask, as open() applies it
+def test_every_file_of_a_run_has_the_mode_the_umask_gives(installed, run_dir):
+    assert cli("run", *probe(run_dir, steps=200, workers=1)).returncode == 0
+    mask = os.umask(0o022)
+    os.umask(mask)
+    files = [p for p in run_dir.rglob("*") if p.is_file() and p.name != ".lock"]
+    assert {p.name for p in files} >= {"config.json", "summary.json", "metrics.jsonl", "last.pt"}
+    assert {oct(p.stat().st_mode & 0o777) for p in files} == {oct(0o666 & ~mask)}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -207,6 +208,17 @@ def test_runs_without_summary_are_incomplete_or_running(runs, tmp_path):
     (root / "empty").mkdir()
     (root / "a" / "b" / "c" / "d").mkdir(parents=True)  # too deep to look into
 
+    killed_dir = root / "group" / "killed"
+    rows = {Path(r["run_dir"]).name: r for r in list_runs(root)}
+    assert rows["killed"]["status"] == "incomplete"  # its lock is free: no process is in it
+    with (killed_dir / ".lock").open("r+") as lock:  # a process holds it: it is running
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        lock.write("4242\n")
+        lock.flush()
+        assert {Path(r["run_dir"]).name: r for r in list_runs(root)}["killed"]["status"] == (
+            "running (pid 4242)"
+        )
+    (killed_dir / ".lock").unlink()  # a run directory of an mprl without locks: mtimes tell
     rows = {Path(r["run_dir"]).name: r for r in list_runs(root)}
     assert rows["killed"]["status"] == "running?"  # metrics written just now
     _aged(root / "group" / "killed" / "metrics.jsonl")
@@ -225,6 +237,17 @@ def test_runs_without_summary_are_incomplete_or_running(runs, tmp_path):
     line = next(x for x in result.stdout.splitlines() if "killed" in x)
     assert line.split()[0] == str(root / "group" / "killed")
     assert line.split()[-2:] == ["-", "incomplete"]
+
+
+def test_runs_shows_what_can_be_read_of_a_run_with_a_damaged_config(runs, tmp_path):
+    done = tmp_path / "runs" / "done"
+    shutil.copytree(runs / "ppo-short", done)
+    (done / "config.json").write_text("{not json")
+    (row,) = list_runs(tmp_path / "runs")
+    summary = json.loads((done / "summary.json").read_text())
+    assert row["plugin"] == "ppo" and row["env"] == "CartPole-v1"  # from summary.json
+    assert row["status"] == "finished" and row["env_steps"] == summary["env_steps"]
+    assert read_run(done).episodes  # and it still plots
 
 
 def test_runs_of_a_missing_or_empty_directory(tmp_path, capsys, monkeypatch):

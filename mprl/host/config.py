@@ -6,6 +6,7 @@ stops the run before any process starts.
 
 from __future__ import annotations
 
+import math
 import sys
 import types
 import typing
@@ -43,6 +44,10 @@ def type_name(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp))
 
 
+class NotFinite(TypeError):
+    """A float field was given inf or nan."""
+
+
 def coerce(value: Any, tp: Any) -> Any:
     """Return ``value`` as type ``tp`` or raise ``TypeError``; only safe conversions are made."""
     if tp is None or tp is Any:
@@ -52,6 +57,8 @@ def coerce(value: Any, tp: Any) -> Any:
         for arg in typing.get_args(tp):
             try:
                 return coerce(value, arg)
+            except NotFinite:
+                raise
             except TypeError:
                 continue
         raise TypeError
@@ -78,11 +85,13 @@ def coerce(value: Any, tp: Any) -> Any:
     if tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)  # 1e6 on the command line means 1000000
+        if isinstance(value, float) and value.is_integer() and abs(value) <= 2**53:
+            return int(value)  # 1e6 on the command line means 1000000; 1e30 is no count
         raise TypeError
     if tp is float:
         if isinstance(value, int | float) and not isinstance(value, bool):
+            if not math.isfinite(value):
+                raise NotFinite
             return float(value)
         raise TypeError
     if tp is str:
@@ -127,6 +136,14 @@ def load_toml(path: str | Path) -> dict[str, Any]:
             return tomllib.load(f)
     except FileNotFoundError:
         raise ConfigError(f"config file {str(p)!r} does not exist") from None
+    except IsADirectoryError:
+        raise ConfigError(f"config file {str(p)!r} is a directory; give a .toml file") from None
+    except OSError as exc:
+        raise ConfigError(f"config file {str(p)!r} cannot be read: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"config file {str(p)!r} is not UTF-8 text (byte {exc.start}); TOML files are UTF-8"
+        ) from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {str(p)!r} is not valid TOML: {exc}") from None
 
@@ -144,6 +161,10 @@ def build(cls: type, values: Mapping[str, Any], source: str = "config") -> Any:
         tp = fields[key].type
         try:
             clean[key] = coerce(value, tp)
+        except NotFinite:
+            raise ConfigError(
+                f"{source}: field {key!r} must be a finite number, got {value!r}"
+            ) from None
         except TypeError:
             raise ConfigError(
                 f"{source}: field {key!r} expects {type_name(tp)}, got {value!r}"

@@ -25,6 +25,23 @@ def mprl_make_env(env_id: str, render_mode: str | None) -> gym.Env:
     return gym.make(env_id, render_mode=render_mode)
 
 
+def imports_code(env_id: str) -> bool:
+    """Whether making ``env_id`` imports a module first (gymnasium's ``module:Env-v0`` ids)."""
+    return ":" in env_id
+
+
+def check_trusted(env_id: str, source: str, given: str | None) -> None:
+    """Refuse an env id read from ``source`` (a checkpoint) that would import a module to be
+    made, unless the user gave the same id: opening a file from elsewhere must not run code."""
+    if imports_code(env_id) and given != env_id:
+        module = env_id.split(":", 1)[0]
+        raise UsageError(
+            f"{source} names the environment {env_id!r}, which imports the Python module "
+            f"{module!r} to be made: that runs code from wherever {module!r} is found. If you "
+            f"trust it, say so by giving the env yourself: --env {env_id}"
+        )
+
+
 def make_env(
     pm: PluginManager,
     env_id: str,
@@ -41,7 +58,7 @@ def make_env(
     for impl in reversed(pm.hook.mprl_make_env.get_hookimpls()):
         try:
             env = pm.call_one("mprl_make_env", impl.plugin, **kwargs)
-        except gym.error.Error as exc:
+        except (gym.error.Error, ImportError) as exc:
             if impl.plugin_name == __name__:
                 raise UsageError(f"unknown gymnasium environment {env_id!r}: {exc}") from None
             raise PluginError(f"plugin {impl.plugin_name!r}: mprl_make_env failed: {exc}") from exc

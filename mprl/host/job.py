@@ -18,7 +18,7 @@ from mprl.backends.base import Job
 from mprl.errors import PluginError, UsageError
 from mprl.host import checkpoint
 from mprl.host.config import build
-from mprl.host.envs import EnvFactory, make_env
+from mprl.host.envs import EnvFactory, check_trusted, make_env
 from mprl.host.plugins import PluginManager
 from mprl.run_types import RunConfig
 from mprl.schema import Dims
@@ -89,6 +89,7 @@ def _resume_inputs(
             f"{data['plugin']!r} {data.get('plugin_version', '')}: {exc}"
         ) from None
     env = options.get("env")
+    check_trusted(str(data["run"].get("env", "")), f"checkpoint {file!r}", env)
     if env is not None and env != data["run"].get("env"):
         raise UsageError(
             f"checkpoint {file!r} was trained on {data['run'].get('env')!r}; a resumed run "
@@ -150,22 +151,81 @@ def _spaces(pm: PluginManager, env_id: str) -> tuple[gym.Space, gym.Space, float
         probe.close()
 
 
-def _model_and_optimizer(
-    algo: Algorithm, dims: Dims, seed: int, resume: Resume | None
-) -> tuple[torch.nn.Module, torch.optim.Optimizer | None]:
-    with torch.random.fork_rng(devices=[]):  # initial weights follow the run seed only
-        torch.manual_seed(seed)
-        model = algo.make_model(dims.observation_space, dims.action_space, dims.config)
+def _available_bytes() -> int | None:
+    """Memory the machine can still give (``MemAvailable``), or ``None`` where unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _check_model_size(algo: Algorithm, dims: Dims, copies: int) -> None:
+    """Refuse a model whose ``copies`` (the shared one, the optimizer's state, each process's
+    own) cannot fit the machine's memory: it is built on the meta device first, which costs
+    nothing. A model that cannot be built there is not checked."""
+    try:
+        with torch.device("meta"):
+            model = algo.make_model(dims.observation_space, dims.action_space, dims.config)
+        tensors = [*model.parameters(), *model.buffers()]
+        numel = sum(t.numel() for t in tensors)
+        nbytes = sum(t.numel() * t.element_size() for t in tensors)
+    except Exception:
+        return
+    available = _available_bytes()
+    if available is not None and nbytes * copies > available:
+        gib = 2**30
+        raise UsageError(
+            f"algorithm {algo.name!r}: its model has {numel:,} parameters "
+            f"({nbytes / gib:.1f} GiB); with the optimizer's state and a copy per process the "
+            f"run needs about {nbytes * copies / gib:.1f} GiB, more than the "
+            f"{available / gib:.1f} GiB this machine has available. Make it smaller (its "
+            "config's sizes, e.g. --set hidden=...)"
+        )
+
+
+def _built(algo: Algorithm, what: str, make: Any, *args: Any) -> Any:
+    """``make(*args)``: a plugin's factory; whatever it raises names the algorithm."""
+    try:
+        return make(*args)
+    except Exception as exc:
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise PluginError(
+            f"algorithm {algo.name!r}: {what} failed with this config: "
+            f"{type(exc).__name__}: {first}"
+        ) from exc
+
+
+def build_model(algo: Algorithm, dims: Dims, copies: int = 1) -> torch.nn.Module:
+    """The algorithm's model for ``dims``, checked: its size against the machine's memory (for
+    ``copies`` copies), its type."""
+    _check_model_size(algo, dims, copies)
+    model = _built(
+        algo, "make_model", algo.make_model, dims.observation_space, dims.action_space, dims.config
+    )
     if not isinstance(model, torch.nn.Module):
         raise PluginError(
             f"algorithm {algo.name!r}: make_model returned {type(model).__name__}, "
             "expected a torch.nn.Module"
         )
+    return model
+
+
+def _model_and_optimizer(
+    algo: Algorithm, dims: Dims, seed: int, resume: Resume | None
+) -> tuple[torch.nn.Module, torch.optim.Optimizer | None]:
+    copies = 3 + dims.workers + 1  # shared, optimizer state (2), each process's own
+    with torch.random.fork_rng(devices=[]):  # initial weights follow the run seed only
+        torch.manual_seed(seed)
+        model = build_model(algo, dims, copies)
     if resume is not None:
         _load_state(resume, "model", model, resume.data["model"], algo)
     if algo.make_optimizer is None:
         return model, None
-    optimizer = algo.make_optimizer(model.parameters(), dims.config)
+    optimizer = _built(algo, "make_optimizer", algo.make_optimizer, model.parameters(), dims.config)
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise PluginError(
             f"algorithm {algo.name!r}: make_optimizer returned {type(optimizer).__name__}, "
@@ -195,12 +255,7 @@ def prepare_job(
         raise UsageError(f"no plugin given; installed: {installed}")
     plugin_name, algo, cfg, run_cfg = resolve(plugin, pm, config, options)
     obs_space, act_space, threshold = _spaces(pm, run_cfg.env)
-    if not algo.supports(act_space):
-        allowed = ", ".join(t.__name__ for t in algo.action_spaces)
-        raise UsageError(
-            f"algorithm {algo.name!r} does not support the action space of {run_cfg.env!r} "
-            f"({type(act_space).__name__}); it supports: {allowed}"
-        )
+    algo.check_spaces(run_cfg.env, obs_space, act_space)
     dims = Dims(run_cfg.workers, obs_space, act_space, cfg)
     algo.schema.check_dims(dims)
     model, optimizer = _model_and_optimizer(algo, dims, run_cfg.seed, resumed)

@@ -22,6 +22,15 @@ CSV_COLUMNS = ("wall", "step", "source", "name", "value")
 _to_json = json.JSONEncoder(default=str).encode
 
 
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _umask()  # read once: os.umask can only be read by setting it
+
+
 def atomic_write(path: Path, write: Any) -> None:
     """Write through a temp file in the same directory, fsync, then ``os.replace``.
 
@@ -29,6 +38,7 @@ def atomic_write(path: Path, write: Any) -> None:
     """
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o666 & ~_UMASK)  # as open() would make it: every file of a run alike
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()

@@ -133,6 +133,11 @@ def _parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     ev.add_argument("--seed", type=int, default=0, help="seed of the episodes [default 0]")
     ev.add_argument(
+        "--env", default=None,
+        help="the checkpoint's env id; needed, as trust, for an id that imports a module "
+        "(module:Env-v0)",
+    )  # fmt: skip
+    ev.add_argument(
         "--video", metavar="DIR", default=None,
         help='record every episode as a video in DIR (needs pip install "gymnasium[other]")',
     )  # fmt: skip
@@ -285,7 +290,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
     r = evaluate(
         args.source, episodes=args.episodes, deterministic=args.deterministic, seed=args.seed,
-        video_dir=args.video, out=args.out, plugins=get_plugin_manager(),
+        video_dir=args.video, out=args.out, plugins=get_plugin_manager(), env=args.env,
     )  # fmt: skip
     how = "deterministic" if r["deterministic"] else "sampled actions"
     print(

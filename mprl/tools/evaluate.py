@@ -12,10 +12,11 @@ import torch
 
 from mprl.errors import UsageError
 from mprl.host import checkpoint
-from mprl.host.envs import make_env, play_episodes
-from mprl.host.job import resolve
+from mprl.host.envs import check_trusted, make_env, play_episodes
+from mprl.host.job import build_model, resolve
 from mprl.host.plugins import PluginManager, get_plugin_manager
 from mprl.host.rundir import atomic_write
+from mprl.schema import Dims
 
 
 def evaluate(
@@ -27,15 +28,18 @@ def evaluate(
     video_dir: str | Path | None = None,
     out: str | Path | None = None,
     plugins: PluginManager | None = None,
+    env: str | None = None,
 ) -> dict[str, Any]:
     """Play ``episodes`` episodes with the policy of a run directory's last checkpoint (or of a
     checkpoint file) and write the results as JSON; returns them.
 
     The policy is the checkpoint's model, rebuilt by its algorithm with its config; it acts
     through the model's ``act(obs_batch, deterministic) -> actions`` method (the models of
-    :mod:`mprl.nets` have one). Episode ``i`` is reset with a seed derived from ``seed`` and
+    :mod:`mprl.lib.nets` have one). Episode ``i`` is reset with a seed derived from ``seed`` and
     ``i``, so an evaluation is repeatable. ``video_dir`` records every episode with gymnasium's
-    ``RecordVideo`` (needs ``moviepy``). The JSON goes to ``out``, by default ``eval.json`` in
+    ``RecordVideo`` (needs ``moviepy``). ``env`` must be the checkpoint's env id when given; an
+    id that imports a module (``module:Env-v0``) is only made when the user gives it. The JSON
+    goes to ``out``, by default ``eval.json`` in
     the run directory (``<checkpoint>.eval.json`` next to a checkpoint file outside one).
     """
     if episodes < 1:
@@ -48,6 +52,11 @@ def evaluate(
                 '--video needs moviepy: pip install "mprl[video]" (or "gymnasium[other]")'
             ) from None
     file, data = checkpoint.load(source)
+    check_trusted(str(data["run"].get("env", "")), f"checkpoint {str(file)!r}", env)
+    if env is not None and env != data["run"].get("env"):
+        raise UsageError(
+            f"checkpoint {str(file)!r} was trained on {data['run'].get('env')!r}, not {env!r}"
+        )
     target = _checked_out(Path(out) if out is not None else _default_out(file), file)
     pm = plugins or get_plugin_manager()
     try:
@@ -59,7 +68,7 @@ def evaluate(
         ) from None
     env = make_env(pm, run_cfg.env, seed=seed, render_mode="rgb_array" if video_dir else None)
     try:
-        model = algo.make_model(env.observation_space, env.action_space, config)
+        model = build_model(algo, Dims(1, env.observation_space, env.action_space, config))
         try:
             model.load_state_dict(data["model"])
         except (RuntimeError, KeyError) as exc:

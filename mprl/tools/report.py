@@ -7,8 +7,10 @@ matplotlib is needed for plots only (``pip install "mprl[plot]"``); listing runs
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import math
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -78,6 +80,14 @@ def _read_json(path: Path) -> dict[str, Any] | None:
     return data
 
 
+def _readable(path: Path) -> dict[str, Any] | None:
+    """:func:`_read_json`, with ``None`` for a file that is there but cannot be read."""
+    try:
+        return _read_json(path)
+    except UsageError:
+        return None
+
+
 def is_run_dir(path: str | Path) -> bool:
     """Whether ``path`` is a directory holding a run's ``config.json`` or ``summary.json``."""
     p = Path(path)
@@ -106,8 +116,8 @@ def read_run(path: str | Path, label: str | None = None) -> Run:
     run = Run(
         path=p,
         label=label if label is not None else (p.resolve().name or str(p)),
-        config=_read_json(p / "config.json") or {},
-        summary=_read_json(p / "summary.json"),
+        config=_readable(p / "config.json") or {},  # damaged: what the rest holds still counts
+        summary=_readable(p / "summary.json"),
     )
     if not metrics.is_file():
         return run
@@ -280,9 +290,29 @@ def _find_run_dirs(root: Path, depth: int) -> list[Path]:
     return found
 
 
+def _holder(path: Path) -> str | None:
+    """The pid holding the run directory's lock (its run is going on), else ``None``."""
+    try:
+        fd = os.open(path / ".lock", os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+    finally:
+        os.close(fd)
+    return None
+
+
 def _status(run: Run, now: float) -> str:
     if run.summary is not None:
         return str(run.summary.get("status") or MISSING)
+    holder = _holder(run.path)
+    if holder is not None:
+        return f"running (pid {holder})"
+    if (run.path / ".lock").exists():  # the lock of a run that ended without a summary
+        return "incomplete"
     try:
         modified = (run.path / "metrics.jsonl").stat().st_mtime
     except OSError:
@@ -306,8 +336,10 @@ def list_runs(directory: str | Path = "runs") -> list[dict[str, Any]]:
     Each row has ``run_dir`` (``directory`` joined with the run's relative path, as ``plot`` and
     ``run --resume`` take it), ``plugin``, ``env``, ``env_steps``, ``wall_s``, ``best_return``,
     ``solved`` and ``status``; a value the run never wrote is ``None``. A run without
-    ``summary.json`` gets its numbers from ``metrics.jsonl`` and the status ``"running?"`` when
-    that was written in the last minute, else ``"incomplete"``.
+    ``summary.json`` gets its numbers from ``metrics.jsonl`` and the status ``"running (pid N)"``
+    while a process holds its lock (``"running?"``: no lock file, metrics written in the last
+    minute), else ``"incomplete"``. A damaged ``config.json`` or ``summary.json`` leaves the
+    values it would have given missing; the rest is shown.
 
     :raises UsageError: ``directory`` does not exist or is not a directory.
     """

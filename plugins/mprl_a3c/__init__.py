@@ -7,6 +7,8 @@ computes n-step returns, and applies its gradients to the shared model through a
 
 from __future__ import annotations
 
+import gymnasium as gym
+
 import mprl
 from mprl.lib.nets import make_model, make_optimizer
 from mprl_a3c.algorithm import A3CConfig, worker
@@ -19,6 +21,7 @@ ALGORITHM = mprl.Algorithm(
     make_model=make_model,
     make_optimizer=make_optimizer,
     worker=worker,
+    observation_spaces=(gym.spaces.Box,),  # flat vectors: the networks are MLPs
     description="Hogwild A3C: n-step actor-critic, shared model and shared Adam",
 )
 

@@ -7,6 +7,8 @@ come back through ``schema.Weights``, and V-trace corrects for the policy lag.
 
 from __future__ import annotations
 
+import gymnasium as gym
+
 import mprl
 from mprl.lib.nets import make_model, make_optimizer
 from mprl_impala.algorithm import (
@@ -25,6 +27,7 @@ ALGORITHM = mprl.Algorithm(
     make_optimizer=make_optimizer,
     schema=SCHEMA,
     worker=worker,
+    observation_spaces=(gym.spaces.Box,),  # flat vectors: the networks are MLPs
     train=train,
     description="IMPALA: collecting workers, one V-trace learner, rollout slots",
 )

@@ -8,6 +8,8 @@ version before collecting again. Waiting sleeps; nothing busy-waits.
 
 from __future__ import annotations
 
+import gymnasium as gym
+
 import mprl
 from mprl.lib.nets import make_model, make_optimizer
 from mprl_ppo.algorithm import SCHEMA, PPOConfig, gae, train, worker
@@ -22,6 +24,7 @@ ALGORITHM = mprl.Algorithm(
     make_optimizer=make_optimizer,
     schema=SCHEMA,
     worker=worker,
+    observation_spaces=(gym.spaces.Box,),  # flat vectors: the networks are MLPs
     train=train,
     description="PPO: synchronous collecting workers, one clipped-PPO learner with GAE",
 )

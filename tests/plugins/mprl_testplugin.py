@@ -69,6 +69,18 @@ class Switches(Corridor):
         self.action_space = gym.spaces.MultiBinary(3)
 
 
+class Rooms(Corridor):
+    """The corridor seen as a Dict observation, which the built-in MLP plugins cannot take."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.observation_space = gym.spaces.Dict({"pos": self.observation_space})
+
+
+if "OldStyle-v0" not in gym.registry:  # an env whose constructor takes no render_mode
+    gym.register("OldStyle-v0", entry_point=Corridor, max_episode_steps=50)
+
+
 FAULTS = ("none", "raise", "exit", "sigkill", "hang", "ignore_stop", "breakpoint")
 
 
@@ -258,4 +270,6 @@ def mprl_make_env(env_id):
         return gym.wrappers.TimeLimit(Corridor(), 50)
     if env_id == "Switches-v0":
         return Switches()
+    if env_id == "Rooms-v0":
+        return Rooms()
     return None

@@ -13,16 +13,18 @@ import contextlib
 import cProfile
 import ctypes
 import faulthandler
+import glob
 import multiprocessing as mp
 import os
 import queue
+import shutil
 import signal
 import sys
 import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from multiprocessing.connection import wait
 from multiprocessing.managers import SyncManager
 from pathlib import Path
@@ -58,7 +60,24 @@ def _set_process_name(name: str) -> None:
         ctypes.CDLL(None).prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME
 
 
-def _init_child(name: str, ignore_sigterm: bool = False) -> None:
+def _remove_leftovers(leftovers: Sequence[str]) -> None:
+    """What a run leaves when its main process is killed: files matching the patterns are
+    removed (a ``.stack`` file only when empty: it may hold a hung child's stack), directories
+    only when empty, in the order given; and this process's own ``/tmp/pymp-*`` directory
+    (the Manager server's listening socket is in it)."""
+    for pattern in leftovers:
+        for path in glob.glob(pattern):
+            with contextlib.suppress(OSError):
+                if os.path.isdir(path):
+                    os.rmdir(path)
+                elif not path.endswith(".stack") or not os.path.getsize(path):
+                    os.unlink(path)
+    tempdir = mp.current_process()._config.get("tempdir")  # type: ignore[attr-defined]
+    if tempdir:
+        shutil.rmtree(tempdir, ignore_errors=True)
+
+
+def _init_child(name: str, ignore_sigterm: bool = False, leftovers: Sequence[str] = ()) -> None:
     """First thing in every child, the Manager server included.
 
     Ctrl-C reaches the whole process group, but only the main process decides what it means.
@@ -77,20 +96,27 @@ def _init_child(name: str, ignore_sigterm: bool = False) -> None:
 
         def exit_with_parent() -> None:
             parent.join()  # returns when the parent's end of the sentinel pipe closes
+            _remove_leftovers(leftovers)
             os._exit(PARENT_DIED_EXIT)
 
         threading.Thread(target=exit_with_parent, name="mprl-parent-watch", daemon=True).start()
 
 
-def _init_manager(name: str) -> None:
+def _init_manager(name: str, leftovers: Sequence[str]) -> None:
     """First thing in the Manager server: as any child, and SIGTERM ignored too. A SIGTERM to the
     whole process group (``kill -TERM -PGID``, ``docker stop``) is the main process's to act on:
     it stops the run cleanly, with the shared state still there for the final checkpoint, then
     shuts the server down (which kills it if it does not go)."""
-    _init_child(name, ignore_sigterm=True)
+    _init_child(name, ignore_sigterm=True, leftovers=leftovers)
 
 
-def _child_main(fn: Callable[[Context], None], ctx: Context, threads: int, stack_file: str) -> None:
+def _child_main(
+    fn: Callable[[Context], None],
+    ctx: Context,
+    threads: int,
+    stack_file: str,
+    leftovers: Sequence[str] = (),
+) -> None:
     """Entry point of every spawned child: seed, limit threads, run, report a crash.
 
     SIGUSR1 dumps every thread's stack to ``stack_file``: the supervisor asks for it before it
@@ -98,7 +124,7 @@ def _child_main(fn: Callable[[Context], None], ctx: Context, threads: int, stack
     environment, each child's function runs under cProfile and its stats go next to it
     (``RUN_DIR/logs/worker-0.prof``; read them with ``python -m pstats``).
     """
-    _init_child(mp.current_process().name)
+    _init_child(mp.current_process().name, leftovers=leftovers)
     stacks = open(stack_file, "w")  # noqa: SIM115 - open for the life of the process
     faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
     torch.set_num_threads(threads)
@@ -248,7 +274,8 @@ class _LocalRun:
                 if job.algorithm.schema.needs_manager():
                     server = SyncManager(ctx=self.ctx)
                     try:
-                        server.start(initializer=_init_manager, initargs=("mprl-manager",))
+                        args = ("mprl-manager", self._leftovers())
+                        server.start(initializer=_init_manager, initargs=args)
                     except (EOFError, OSError) as exc:  # it died before it answered
                         if reason := self._stop_requested():
                             return Outcome(reason)
@@ -293,6 +320,18 @@ class _LocalRun:
             records.join_thread()
             if manager is not None:
                 manager.shutdown()
+                listener = Path(str(manager.address))
+                if listener.parent.name.startswith("pymp-"):  # a killed server leaves it
+                    shutil.rmtree(listener.parent, ignore_errors=True)
+
+    def _leftovers(self) -> list[str]:
+        """What a child cleans up if the main process dies: a checkpoint write it cut short,
+        the logs directory and the temporary run directory when empty."""
+        out = [str(self.logs / "*.stack"), str(self.logs)]
+        out += [self._tmp.name] if self._tmp is not None else []
+        if self.job.run_dir is not None:
+            out.insert(0, str(Path(self.job.run_dir) / "checkpoints" / ".*.tmp"))
+        return out
 
     def _start_all(self) -> str | None:
         """Start the children one after another, ``--start-interval`` apart; a reason to stop
@@ -330,7 +369,7 @@ class _LocalRun:
         self.channel.beats[role.slot] = 0.0  # "starting": the child's first beat sets it
         child.process = self.ctx.Process(
             target=_child_main,
-            args=(job.function(role), context, self.threads, child.stack_file),
+            args=(job.function(role), context, self.threads, child.stack_file, self._leftovers()),
             name=name,
             daemon=True,
         )
