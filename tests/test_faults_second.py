@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from mprl.backends.local import preflight
+from mprl.errors import UsageError
 from tests.conftest import (
     child_pids,
     clean_stderr,
@@ -200,3 +202,34 @@ def test_every_file_of_a_run_has_the_mode_the_umask_gives(installed, run_dir):
     files = [p for p in run_dir.rglob("*") if p.is_file() and p.name != ".lock"]
     assert {p.name for p in files} >= {"config.json", "summary.json", "metrics.jsonl", "last.pt"}
     assert {oct(p.stat().st_mode & 0o777) for p in files} == {oct(0o666 & ~mask)}
+
+
+# 8: too many workers for the machine, and "interrupted" whatever happened after the stop
+def test_more_workers_than_the_memory_holds_is_refused_before_anything_starts(
+    installed, tmp_path, capsys
+):
+    code, err = cli_here(capsys, "run", *probe(tmp_path / "run", workers=1000))
+    assert code == 2 and "Use fewer workers (--workers" in err and "MiB each" in err, err
+    assert not (tmp_path / "run").exists()
+
+
+def test_memory_and_core_notes_before_a_crowded_run():
+    each = preflight.CHILD_BYTES
+    with pytest.raises(UsageError, match=r"more than the 0.9 GiB this machine has available"):
+        preflight.check_memory(10, available=int(5.8 * each))
+    notes = preflight.check_memory(10, available=11 * each)
+    assert [n for n in notes if "1.6 GiB of the 1.7 GiB available: the machine may start" in n]
+    cores = os.cpu_count() or 1
+    assert any(f"on {cores} cores" in n for n in preflight.check_memory(4 * cores + 1, 10**15))
+    assert preflight.check_memory(2, available=10**15) == []
+
+
+def test_a_run_stopped_by_the_user_is_interrupted_even_when_a_child_fails_after(installed, run_dir):
+    with running(probe(run_dir, "fault=raise_at_stop", "fault_rank=1")) as proc:
+        wait_for_metrics(run_dir, lambda r: "episode_return" in r)
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["failures"][0]["rank"] == 1
+    assert "RuntimeError: injected failure in worker:1" in stderr  # still reported

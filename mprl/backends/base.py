@@ -118,6 +118,18 @@ class Job:
         return fn
 
 
+def available_memory() -> int | None:
+    """Bytes of memory this machine can still give (``MemAvailable``), ``None`` where unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def seed_process(seed: int) -> None:
     """Seed ``random``, numpy and torch of the process (or serial turn) about to run."""
     random.seed(seed)

@@ -14,7 +14,7 @@ import gymnasium as gym
 import torch
 
 from mprl.algorithm import Algorithm
-from mprl.backends.base import Job
+from mprl.backends.base import Job, available_memory
 from mprl.errors import PluginError, UsageError
 from mprl.host import checkpoint
 from mprl.host.config import build
@@ -151,18 +151,6 @@ def _spaces(pm: PluginManager, env_id: str) -> tuple[gym.Space, gym.Space, float
         probe.close()
 
 
-def _available_bytes() -> int | None:
-    """Memory the machine can still give (``MemAvailable``), or ``None`` where unknown."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
 def _check_model_size(algo: Algorithm, dims: Dims, copies: int) -> None:
     """Refuse a model whose ``copies`` (the shared one, the optimizer's state, each process's
     own) cannot fit the machine's memory: it is built on the meta device first, which costs
@@ -175,7 +163,7 @@ def _check_model_size(algo: Algorithm, dims: Dims, copies: int) -> None:
         nbytes = sum(t.numel() * t.element_size() for t in tensors)
     except Exception:
         return
-    available = _available_bytes()
+    available = available_memory()
     if available is not None and nbytes * copies > available:
         gib = 2**30
         raise UsageError(

@@ -225,7 +225,7 @@ def _finish(
     """Write ``summary.json``, tell the reporters, and raise :class:`RunFailed` on a crash."""
     stats, job = monitor.stats, plan.job
     status = "failed" if outcome.failures else "finished"
-    if signals.received is not None and not outcome.failures:
+    if signals.received is not None:  # stopped by the user, whatever happened after
         status = "interrupted"
     summary = Summary(
         status=status,
@@ -262,11 +262,13 @@ def _finish(
             ),
             file=sys.stderr,
         )
-    if outcome.failures:
+    if outcome.failures:  # reported, also when the user stopped the run
         for f in outcome.failures:
             print(f"mprl: {f.who} {f.reason}", file=sys.stderr)
             if f.traceback:
                 print(f"--- traceback of {f.who} ---\n{f.traceback.rstrip()}", file=sys.stderr)
         first = outcome.failures[0]
+        if status != "failed":
+            return summary
         raise RunFailed(f"{first.who} {first.reason}; run directory: {rundir.path}", summary)
     return summary

@@ -81,7 +81,7 @@ if "OldStyle-v0" not in gym.registry:  # an env whose constructor takes no rende
     gym.register("OldStyle-v0", entry_point=Corridor, max_episode_steps=50)
 
 
-FAULTS = ("none", "raise", "exit", "sigkill", "hang", "ignore_stop", "breakpoint")
+FAULTS = ("none", "raise", "exit", "sigkill", "hang", "ignore_stop", "breakpoint", "raise_at_stop")
 
 
 @attrs.frozen
@@ -213,7 +213,8 @@ def probe_worker(ctx: mprl.Context) -> None:
     obs, _ = env.reset()
     ret, length, steps = 0.0, 0, 0
     while not ctx.should_stop():
-        if faulty and steps == ctx.config.fault_at_step and ctx.config.fault != "ignore_stop":
+        at_stop = ctx.config.fault in ("ignore_stop", "raise_at_stop")
+        if faulty and steps == ctx.config.fault_at_step and not at_stop:
             inject(ctx, ctx.config.fault)
         action = ctx.config.train_action
         obs, r, term, trunc, _ = env.step(action if action >= 0 else env.action_space.sample())
@@ -233,8 +234,8 @@ def probe_worker(ctx: mprl.Context) -> None:
             ret, length = 0.0, 0
         if ctx.config.step_sleep:
             time.sleep(ctx.config.step_sleep)
-    if faulty and ctx.config.fault == "ignore_stop":
-        inject(ctx, "ignore_stop")
+    if faulty and ctx.config.fault in ("ignore_stop", "raise_at_stop"):
+        inject(ctx, ctx.config.fault.replace("_at_stop", ""))
 
 
 def probe_train(ctx: mprl.Context) -> None:

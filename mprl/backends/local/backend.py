@@ -251,6 +251,9 @@ class _LocalRun:
     def __init__(self, job: Job, monitor: Monitor) -> None:
         self.job, self.monitor = job, monitor
         self.policy = RestartPolicy.of(job.run)
+        # children import torch at the same time: more of them than cores take longer to start
+        cores = os.cpu_count() or 1
+        self.startup_timeout = STARTUP_TIMEOUT_S * max(1.0, len(job.roles()) / cores)
         self._tmp = None if job.run_dir is not None else tempfile.TemporaryDirectory()
         # where each child's stack goes when it is killed for hanging (see _child_main)
         self.logs = Path(self._tmp.name if self._tmp else job.run_dir) / "logs"  # type: ignore[arg-type]
@@ -386,6 +389,9 @@ class _LocalRun:
         timeout = self.job.run.worker_timeout
         while True:
             self._drain()
+            asked = self._stop_reason()
+            if asked is not None and asked.startswith("SIG"):
+                return asked, []  # stopped by the user: nothing after it is a failure
             failures = []
             if server is not None and server.exitcode is not None:
                 reason = f"{base.describe_exit(server.exitcode)} (shared state is lost)"
@@ -398,7 +404,7 @@ class _LocalRun:
                 if code is None:
                     last = float(self.channel.beats[child.role.slot])
                     silent = now - (abs(last) or child.started_at)
-                    limit = timeout if last > 0 else max(timeout, STARTUP_TIMEOUT_S)
+                    limit = timeout if last > 0 else max(timeout, self.startup_timeout)
                     if not timeout or silent < limit:
                         continue
                     failure = self._kill_hung(child, silent)
@@ -422,7 +428,7 @@ class _LocalRun:
                 if child.restart_at is not None and now >= child.restart_at:
                     self._start(child)
             done = [c.role for c in self.children if c.done]
-            if reason := base.end_reason(self.job, done) or self._stop_reason():
+            if reason := base.end_reason(self.job, done) or asked:
                 return reason, []
             sentinels = [c.process.sentinel for c in self.children if c.live()]
             if server is not None:

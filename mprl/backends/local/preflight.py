@@ -16,10 +16,14 @@ from collections.abc import Iterable
 import torch
 import torch.multiprocessing
 
+from mprl.backends import base
 from mprl.errors import UsageError
 
 SHM = "/dev/shm"
-MIB = 2**20
+MIB, GIB = 2**20, 2**30
+#: the memory of one child of its own: torch, gymnasium and an env imported (measured here: an
+#: impala worker has 151-155 MiB of private memory, its libraries a shared 90 MiB more)
+CHILD_BYTES = 160 * MIB
 #: descriptors each child costs the main process (sentinel, pipes) with room to spare
 FDS_PER_CHILD = 8
 FDS_SPARE = 64
@@ -47,6 +51,34 @@ def check_shm(nbytes: int, what: str, shm: str = SHM) -> None:
         )
 
 
+def check_memory(processes: int, available: int | None = None) -> list[str]:
+    """Refuse a run whose child processes cannot fit the machine's memory; a note when they
+    take most of it, or when each would get little of a core. ``available``: the free memory
+    (default: what the machine says)."""
+    available = base.available_memory() if available is None else available
+    need = processes * CHILD_BYTES
+    notes = []
+    if available is not None and need > available:
+        raise UsageError(
+            f"the run would start {processes} processes of about {CHILD_BYTES // MIB} MiB each "
+            f"(torch and the envs in every one): {need / GIB:.1f} GiB, more than the "
+            f"{available / GIB:.1f} GiB this machine has available. Use fewer workers "
+            f"(--workers {max(1, available // CHILD_BYTES - 2)} at most here)"
+        )
+    if available is not None and need > 0.8 * available:
+        notes.append(
+            f"{processes} processes take about {need / GIB:.1f} GiB of the "
+            f"{available / GIB:.1f} GiB available: the machine may start swapping"
+        )
+    cores = os.cpu_count() or 1
+    if processes > 4 * cores:
+        notes.append(
+            f"{processes} processes on {cores} cores: each gets about {100 * cores // processes}% "
+            "of a core, and starting them takes a while (start-up gets more time accordingly)"
+        )
+    return notes
+
+
 def check(*, shm_bytes: int, storages: int, processes: int, shm: str = SHM) -> list[str]:
     """Raise :class:`UsageError` when the run cannot fit; return notes on what was adjusted.
 
@@ -54,7 +86,7 @@ def check(*, shm_bytes: int, storages: int, processes: int, shm: str = SHM) -> l
     :param storages: how many shared storages (one open file each, with ``file_descriptor``).
     :param processes: how many child processes the run starts.
     """
-    notes = []
+    notes = check_memory(processes)
     check_shm(shm_bytes, "its model, optimizer state and shared tensors", shm)
     if torch.multiprocessing.get_sharing_strategy() == "file_descriptor":
         open_now = len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else 16
