@@ -77,6 +77,13 @@ class RunConfig:
         validator=v.ge(0),
         metadata={"help": "seconds between checkpoints (0: only at the end)"},
     )
+    full_metrics: bool = attrs.field(
+        default=False,
+        metadata={
+            "help": "write every episode to metrics.jsonl; by default a long fast run sums "
+            "them up per second once it wrote 20,000 (50 a second on average)"
+        },
+    )
     tensorboard: bool = attrs.field(
         default=False,
         metadata={

@@ -16,6 +16,8 @@ import torch
 
 from mprl.backends.local import preflight
 from mprl.errors import UsageError
+from mprl.host.monitor import EpisodeThinning
+from mprl.tools.report import read_run
 from tests.conftest import (
     child_pids,
     clean_stderr,
@@ -233,3 +235,29 @@ def test_a_run_stopped_by_the_user_is_interrupted_even_when_a_child_fails_after(
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "interrupted" and summary["failures"][0]["rank"] == 1
     assert "RuntimeError: injected failure in worker:1" in stderr  # still reported
+
+
+# 17: a long fast run writes a bounded stream of episode records
+def test_episodes_past_the_budget_are_summed_up_per_source_and_read_back_weighted(tmp_path):
+    thin = EpisodeThinning(full=False, rate=0.0, burst=3, every_s=3600)
+    episodes = [
+        {"source": f"worker:{i % 2}", "step": 10 * i, "wall": float(i), "episode_return": float(i),
+         "episode_length": i}
+        for i in range(9)
+    ]  # fmt: skip
+    kept = [e for e in episodes if thin.keep(e)]
+    assert kept == episodes[:3] and thin.due() == []  # not due yet
+    summed = {r["source"]: r for r in thin.due(force=True)}
+    assert summed["worker:1"] == {
+        "source": "worker:1", "step": 70, "wall": 7.0, "episode_return": 5.0,
+        "episode_length": 5.0, "episode_count": 3, "episode_return_min": 3.0,
+        "episode_return_max": 7.0,
+    }  # fmt: skip
+    assert summed["worker:0"]["episode_count"] == 3 and thin.due(force=True) == []
+    assert all(EpisodeThinning(full=True, rate=0, burst=0).keep(e) for e in episodes)
+    # the run's tools read a summed-up record as that many episodes
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    lines = [*kept, *summed.values()]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    assert len(read_run(run_dir).episodes) == 9

@@ -24,6 +24,62 @@ from mprl.schema import SharedState
 METRICS_EVERY_S = 5.0  # how often the main process writes its own progress record
 
 
+class EpisodeThinning:
+    """Bounds what episode records cost on disk: each is written while the run has written
+    fewer than ``rate`` a second on average (a bucket of ``burst``), after that they are summed
+    up per source every ``every_s`` seconds: one record with the ``episode_count`` episodes'
+    mean ``episode_return`` and ``episode_length``, and the return's min and max. A short run,
+    or a slow one, keeps every episode; a long fast one writes a few records a second instead of
+    thousands. ``full=True`` writes every episode whatever it costs (``--full-metrics``).
+    """
+
+    def __init__(
+        self, full: bool, rate: float = 50.0, burst: float = 20_000, every_s: float = 1.0
+    ) -> None:
+        self.full, self.rate, self.burst, self.every_s = full, rate, burst, every_s
+        self.budget, self._filled = burst, time.monotonic()
+        self._sums: dict[str, list[Any]] = {}  # source -> [count, sum R, min R, max R, sum L, last]
+        self._flushed = time.monotonic()
+
+    def keep(self, record: dict[str, Any]) -> bool:
+        """Whether ``record`` (an episode) is written as it is; if not, it is summed up."""
+        if self.full:
+            return True
+        now = time.monotonic()
+        self.budget = min(self.burst, self.budget + (now - self._filled) * self.rate)
+        self._filled = now
+        if self.budget >= 1:
+            self.budget -= 1
+            return True
+        ret, length = record["episode_return"], record.get("episode_length", 0)
+        if not isinstance(ret, int | float):  # inf / nan travel as strings: kept as they are
+            return True
+        sums = self._sums.setdefault(record["source"], [0, 0.0, ret, ret, 0, record])
+        sums[0] += 1
+        sums[1] += ret
+        sums[2], sums[3] = min(sums[2], ret), max(sums[3], ret)
+        sums[4] += length
+        sums[5] = record
+        return False
+
+    def due(self, force: bool = False) -> list[dict[str, Any]]:
+        """The summed-up records, every ``every_s`` (or now, with ``force``)."""
+        if not self._sums or not (force or time.monotonic() - self._flushed >= self.every_s):
+            return []
+        self._flushed = time.monotonic()
+        out = []
+        for source, (n, total, low, high, lengths, last) in self._sums.items():
+            out.append(
+                {
+                    "source": source, "step": last["step"], "wall": last["wall"],
+                    "episode_return": total / n, "episode_length": lengths / n,
+                    "episode_count": n, "episode_return_min": low, "episode_return_max": high,
+                }
+            )  # fmt: skip
+        self._sums = {}
+        return out
+
+
 def finite(x: float) -> float | None:
     return x if math.isfinite(x) else None
 
@@ -58,6 +114,7 @@ class RunMonitor:
         self.state: SharedState | None = None
         self.saved_steps: int | None = None  # env steps in the last checkpoint written
         self._check_after = 0  # episodes: the next policy check waits for this many
+        self.thinning = EpisodeThinning(info.run.full_metrics)
 
     def on_start(self, state: SharedState) -> None:
         self.state = state
@@ -67,9 +124,10 @@ class RunMonitor:
         for record in records:
             record = dict(record)
             record["wall"] = round(record.pop("time", time.time()) - self._wall0, 4)
-            self.stats.add(record)
-            out.append(record)
-        self._emit(out)
+            self.stats.add(record)  # every episode counts, written or summed up
+            if "episode_return" not in record or self.thinning.keep(record):
+                out.append(record)
+        self._emit(out + self.thinning.due())
 
     def on_event(self, record: Mapping[str, Any]) -> None:
         record = {"source": "main", "step": self.stats.env_steps, **record}
@@ -146,6 +204,7 @@ class RunMonitor:
         return stats.solved()
 
     def on_stop(self, per_slot_steps: Sequence[int]) -> None:
+        self._emit(self.thinning.due(force=True))
         self.stats.set_steps(per_slot_steps)
         if self.check.passed is not None:  # every child has stopped: nothing writes it now
             self.job.model.load_state_dict(self.check.passed)

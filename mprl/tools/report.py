@@ -139,7 +139,9 @@ def read_run(path: str | Path, label: str | None = None) -> Run:
         run.last_step, run.last_wall = int(step), float(wall)
         ret = record.get("episode_return")
         if isinstance(ret, int | float) and not isinstance(ret, bool) and math.isfinite(ret):
-            run.episodes.append((int(step), float(wall), float(ret)))
+            count = record.get("episode_count", 1)  # summed-up episodes count as many
+            count = count if isinstance(count, int) and count > 0 else 1
+            run.episodes.extend([(int(step), float(wall), float(ret))] * count)
     run.episodes.sort(key=lambda episode: episode[1])  # stable: ties keep the file's order
     return run
 
