@@ -41,16 +41,22 @@ def _wait(cond: Callable[[], object], timeout: float = 90) -> object:
 
 
 def measure(name: str, args: list[str], fault: Callable[[subprocess.Popen, Path], None],
-            site: Path) -> dict:  # fmt: skip
+            site: Path, at_start: bool = False) -> dict:  # fmt: skip
+    """``at_start``: the fault comes as soon as the first child exists (in its own process
+    group, so it can be signalled as a whole), not once the run is stepping."""
     run_dir = Path(tempfile.mkdtemp(prefix="mprl-shutdown-")) / "run"
     mark = uuid.uuid4().hex
     env = {**os.environ, "MPRL_TEST_MARK": mark, "PYTHONPATH": str(site)}
     proc = subprocess.Popen(
         [sys.executable, "-m", "mprl", "run", *args, "--run-dir", str(run_dir), "--quiet"],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        start_new_session=at_start,
     )  # fmt: skip
-    _wait(lambda: any("episode_return" in r for r in read_metrics(run_dir)))
-    time.sleep(1.0)
+    if at_start:
+        _wait(lambda: child_pids(proc.pid))
+    else:
+        _wait(lambda: any("episode_return" in r for r in read_metrics(run_dir)))
+        time.sleep(1.0)
     t0 = time.monotonic()
     try:
         fault(proc, run_dir)
@@ -85,6 +91,19 @@ def _kill_child(name: str, sig: int = signal.SIGKILL) -> Callable[[subprocess.Po
     def fault(proc: subprocess.Popen, _: Path) -> None:
         (pid,) = [p for p in child_pids(proc.pid) if comm(p) == name]
         os.kill(pid, sig)
+
+    return fault
+
+
+def _group(sig: int) -> Callable[[subprocess.Popen, Path], None]:
+    return lambda proc, _: os.killpg(proc.pid, sig)
+
+
+def _twice(sig: int) -> Callable[[subprocess.Popen, Path], None]:
+    def fault(proc: subprocess.Popen, _: Path) -> None:
+        proc.send_signal(sig)
+        time.sleep(1.0)  # the first stop is waiting for children that ignore it
+        proc.send_signal(sig)
 
     return fault
 
@@ -126,11 +145,23 @@ def main() -> None:
         ("probe: workers ignore the stop flag and SIGTERM, then SIGINT",
          [*probe, "--set", "fault=ignore_stop", "--set", "ignore_sigterm=true"],
          _signal(signal.SIGINT)),
+        ("probe: workers ignore the stop flag, then two SIGINTs (forced exit, checkpoint)",
+         [*probe, "--set", "fault=ignore_stop"], _twice(signal.SIGINT)),
+        ("probe: 4 workers 10 s apart, SIGINT once worker 0 steps",
+         [*probe[:2], "--workers", "4", *probe[4:], "--start-interval", "10"],
+         _signal(signal.SIGINT)),
         ("a3c: worker 1 frozen with SIGSTOP (hung), --worker-timeout 3",
          [*a3c, "--worker-timeout", "3"], _kill_child("mprl-worker-1", signal.SIGSTOP)),
     ]  # fmt: skip
     try:
         rows = [measure(name, args, fault, site) for name, args, fault in cases]
+        rows.append(
+            measure(
+                "impala: SIGTERM to the process group while the Manager server starts",
+                ["--plugin", "impala", "--workers", "2", *forever], _group(signal.SIGTERM),
+                site, at_start=True,
+            )
+        )  # fmt: skip
     finally:
         shutil.rmtree(site, ignore_errors=True)
     print("\n| case | exit code | fault -> main exit (s) | fault -> nothing left (s) |")
