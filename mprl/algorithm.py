@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pickle
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
 ModelFactory = Callable[[gym.Space, gym.Space, Any], "torch.nn.Module"]
 OptimizerFactory = Callable[[Iterable["torch.nn.Parameter"], Any], "torch.optim.Optimizer"]
+NamedOptimizerFactory = Callable[["torch.nn.Module", Any], "torch.optim.Optimizer"]
 ProcessFunction = Callable[["Context"], None]
 
 
@@ -80,6 +81,13 @@ def _validate(instance: Algorithm, attribute: attrs.Attribute, value: Any) -> No
     elif attribute.name in ("worker", "train", "make_model", "make_optimizer"):
         if value is not None or attribute.name in ("worker", "make_model"):
             check_importable(value, where)
+    elif attribute.name == "optimizers":
+        if not isinstance(value, Mapping):
+            raise PluginError(f"{where} must be a mapping of names to functions, got {value!r}")
+        for name, make in value.items():
+            if not (isinstance(name, str) and name.isidentifier()):
+                raise PluginError(f"{where}: name {name!r} must be a Python identifier")
+            check_importable(make, f"{where}[{name!r}]")
     elif attribute.name == "schema" and not isinstance(value, Schema):
         raise PluginError(f"{where} must be an mprl.schema.Schema, got {value!r}")
 
@@ -98,6 +106,10 @@ class Algorithm:
     :param train: optional ``train(ctx)``, run in one separate train process.
     :param make_optimizer: optional ``make_optimizer(parameters, config) -> Optimizer``: its state
         lives in shared memory (Hogwild) and reaches every process as ``ctx.optimizer``.
+    :param optimizers: optional named optimizers, ``{name: make(model, config) -> Optimizer}``,
+        each over the part of the model it chooses (``model.policy.parameters()``) with its own
+        settings; shared, checkpointed and restored like ``make_optimizer``'s, reachable as
+        ``ctx.optimizers[name]`` (and as ``ctx.optimizer`` when it is the only optimizer).
     :param schema: the shared state the processes use (control state, tensors, and the
         transport of experience and weights), built by the backend for each run.
     :param action_spaces: the gymnasium action space types the algorithm supports.
@@ -112,6 +124,9 @@ class Algorithm:
     worker: ProcessFunction = attrs.field(validator=_validate)
     train: ProcessFunction | None = attrs.field(default=None, validator=_validate)
     make_optimizer: OptimizerFactory | None = attrs.field(default=None, validator=_validate)
+    optimizers: Mapping[str, NamedOptimizerFactory] = attrs.field(
+        factory=dict, converter=dict, validator=_validate
+    )
     schema: Schema = attrs.field(factory=Schema, validator=_validate)
     action_spaces: tuple[type[gym.Space], ...] = (gym.spaces.Discrete, gym.spaces.Box)
     observation_spaces: tuple[type[gym.Space], ...] = (gym.Space,)

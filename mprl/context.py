@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import queue as _queue
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
@@ -34,6 +35,9 @@ class Channel(Protocol):
 
     def flush(self) -> None: ...
 
+
+#: the longest a stop-aware wait (:meth:`Context.get` ...) waits between looks at the stop flag
+WAIT_STEP_S = 0.1
 
 #: ``make_env(env_id, seed=, rank=, index=)``: an environment through the ``mprl_make_env`` hook
 EnvMaker = Callable[..., "gym.Env"]
@@ -94,6 +98,7 @@ class Context:
     channel: Channel
     _make_env: EnvMaker = attrs.field(alias="make_env")
     restarts: int = 0
+    _optimizers: dict[str, torch.optim.Optimizer] = attrs.field(alias="optimizers", factory=dict)
     _state: SharedState | None = attrs.field(default=None, init=False, repr=False)
     _optimizer_ready: bool = attrs.field(default=False, init=False, repr=False)
 
@@ -107,8 +112,22 @@ class Context:
 
     @property
     def optimizer(self) -> torch.optim.Optimizer | None:
-        """The shared optimizer, when the algorithm declares ``make_optimizer``."""
+        """The shared optimizer: ``make_optimizer``'s, or the only one of ``optimizers``;
+        ``None`` when the algorithm declares neither. Only declared optimizers are shared,
+        checkpointed and restored: one a function builds for itself is its own."""
         opt = self._optimizer
+        if opt is None and len(self._optimizers) == 1:
+            opt = next(iter(self._optimizers.values()))
+        return self._ready(opt)
+
+    @property
+    def optimizers(self) -> dict[str, torch.optim.Optimizer]:
+        """The algorithm's named optimizers (``Algorithm(optimizers=...)``), shared."""
+        for opt in self._optimizers.values():
+            self._ready(opt)
+        return self._optimizers
+
+    def _ready(self, opt: torch.optim.Optimizer | None) -> torch.optim.Optimizer | None:
         if opt is not None and not self._optimizer_ready and getattr(opt, "needs_dynamo", True):
             # torch.optim imports torch._dynamo on an optimizer's first use: 1.3 s of CPU here,
             # several seconds on a busy machine. It is start-up, not a hang: do it now, under the
@@ -118,7 +137,7 @@ class Context:
             importlib.import_module("torch._dynamo")
             self.channel.beat(self._slot)
             self._optimizer_ready = True
-        return self._optimizer
+        return opt
 
     @property
     def source(self) -> str:
@@ -170,6 +189,62 @@ class Context:
         for key, value in values.items():
             record[key] = _finite(value.item() if hasattr(value, "item") else value)
         self.channel.send(self._slot, record)
+
+    # -- waiting on shared state, stop-aware ---------------------------------------------------
+
+    def _until(self, attempt: Callable[[float], Any], timeout: float | None) -> Any:
+        """Call ``attempt(t)`` (which waits at most ``t`` seconds and gives ``None`` when it
+        did not succeed) until it succeeds; ``None`` once the run stops or on ``timeout``.
+        :meth:`should_stop` is asked between tries: it is the heartbeat, and on the serial
+        backend it gives the other processes their turn."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.should_stop():
+            left = (
+                WAIT_STEP_S if deadline is None else min(WAIT_STEP_S, deadline - time.monotonic())
+            )
+            if left < 0:
+                return None
+            result = attempt(max(left, 0.0))
+            if result is not None:
+                return result
+        return None
+
+    def wait(self, event: Any, timeout: float | None = None) -> bool:
+        """Wait until ``event`` (an ``Event`` or ``Condition`` field) is set / notified; ``True``
+        then, ``False`` once the run stops or after ``timeout`` seconds."""
+        if hasattr(event, "is_set"):
+            return self._until(lambda t: True if event.wait(t) else None, timeout) is True
+
+        def notified(t: float) -> bool | None:
+            with event:
+                return True if event.wait(t) else None
+
+        return self._until(notified, timeout) is True
+
+    def get(self, queue: Any, timeout: float | None = None) -> Any:
+        """The next item of ``queue`` (a ``Queue`` field), waiting for one; ``None`` once the
+        run stops or after ``timeout`` seconds (so never put ``None`` on a queue yourself)."""
+
+        def take(t: float) -> Any:
+            try:
+                return queue.get(timeout=t)
+            except _queue.Empty:
+                return None
+
+        return self._until(take, timeout)
+
+    def put(self, queue: Any, item: Any, timeout: float | None = None) -> bool:
+        """Put ``item`` on ``queue`` (a ``Queue`` field), waiting while it is full; ``True``
+        once it is there, ``False`` once the run stops or after ``timeout`` seconds."""
+
+        def give(t: float) -> bool | None:
+            try:
+                queue.put(item, timeout=t)
+            except _queue.Full:
+                return None
+            return True
+
+        return self._until(give, timeout) is True
 
     def env_seed(self, index: int = 0) -> int:
         """The seed environment ``index`` of this process is reset with first."""

@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import json
 import tempfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,7 @@ import torch
 from mprl.algorithm import Algorithm
 from mprl.backends.serial import InProcessManager, SerialBackend
 from mprl.backends.tensors import TensorStateBuilder
-from mprl.errors import UsageError
+from mprl.errors import PluginError, UsageError
 from mprl.hookspecs import hookimpl
 from mprl.host.envs import make_env
 from mprl.host.plugins import PluginManager, get_plugin_manager
@@ -57,7 +57,10 @@ def registered(plugin: object) -> dict[str, Algorithm]:
     """The algorithms ``plugin``'s ``mprl_register_algorithms`` registers, by name, with the
     checks registration makes (importable functions, attrs config, schema kinds)."""
     pm = plugin_manager(plugin, builtins=False)
-    return {name: algo for name, (_, algo) in pm.algorithms().items()}
+    algos = pm.algorithms()
+    if pm.failed:  # a test of the registration wants the error itself
+        raise PluginError(pm.failed[0].message())
+    return {name: algo for name, (_, algo) in algos.items()}
 
 
 def call_hook(pm: PluginManager, hook: str, *, plugin: object | None = None, **kwargs: Any) -> Any:
@@ -164,6 +167,7 @@ class SerialResult:
     run_dir: Path | None
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer | None
+    optimizers: Mapping[str, torch.optim.Optimizer]
     state: SharedState
     contexts: tuple[Any, ...]
     records: list[dict[str, Any]]  # every line of metrics.jsonl
@@ -188,7 +192,7 @@ class _Capture:
 def run_serial(
     algorithm: str,
     *,
-    plugins: PluginManager | None = None,
+    plugins: PluginManager | Sequence[object] | None = None,
     run_dir: str | Path | None = None,
     total_steps: int = 1000,
     workers: int = 1,
@@ -198,13 +202,19 @@ def run_serial(
 ) -> SerialResult:
     """Run ``algorithm`` in this process with the serial backend (see :mod:`mprl.serial`).
 
-    :param plugins: the plugin manager to find it in (default: the installed plugins).
-    :param run_dir: where the run directory goes (default: a temporary directory, removed
-        before this returns; the records are in the result).
+    :param plugins: where to find it: a plugin manager (``mprl_pm``), or a list of plugin
+        modules, registered with mprl's built-ins only (default: the installed plugins).
+    :param run_dir: where the run directory goes; it must not exist yet or be empty (default:
+        a temporary directory, removed before this returns; the records are in the result).
     :param options: any other :class:`mprl.RunConfig` field (``env=...``).
     :raises mprl.RunFailed: a worker or train function raised; its traceback is in the message.
     """
-    pm = plugins or get_plugin_manager()
+    if plugins is None:
+        pm = get_plugin_manager()
+    elif isinstance(plugins, PluginManager):
+        pm = plugins
+    else:
+        pm = plugin_manager(*plugins)
     backend = SerialBackend()
     capture = _Capture(backend)
     with contextlib.ExitStack() as stack:
@@ -234,6 +244,7 @@ def run_serial(
         None if run_dir is None else Path(summary.run_dir),
         job.model,
         job.optimizer,
+        dict(job.optimizers),
         state,
         tuple(backend.contexts),
         records,

@@ -71,3 +71,56 @@ def test_the_example_passes_its_own_tests(
         f"examples/mprl-reinforce: {summary.group(1)} tests passed in {summary.group(2)} s "
         f"(pytest's count), {wall:.1f} s wall with interpreter start-up"
     )
+
+
+SEED = REPO / "examples" / "mprl-seed"
+
+
+@pytest.fixture(scope="module")
+def seed_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    target = tmp_path_factory.mktemp("seed-site")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+         "--target", str(target), str(SEED)],
+        check=True, capture_output=True, timeout=300,
+    )  # fmt: skip
+    return target
+
+
+def _with(site: Path) -> dict[str, str]:
+    return {"PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
+
+
+def test_the_seed_example_passes_its_own_tests(seed_site: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_ADDOPTS", "PYTEST_PLUGINS")}
+    env.update(_with(seed_site))
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider"],
+        cwd=SEED, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert re.search(r"^=+ 5 passed in", proc.stdout, flags=re.MULTILINE), proc.stdout
+
+
+def test_the_seed_example_runs_in_spawned_processes_and_stops_its_waits(seed_site, tmp_path):
+    run_dir = tmp_path / "run"
+    proc = cli("run", "--plugin", "seed", "--workers", "2", "--total-steps", "20000",
+               "--run-dir", str(run_dir), "--quiet", env=_with(seed_site))  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["env_steps"] >= 20000 and min(summary["per_worker_steps"]) > 0
+    # the learner waited in ctx.get and the workers in ctx.put when the run stopped: both
+    # left their waits, no SIGTERM was needed
+    assert summary["shutdown_s"] < 2 and "sending SIGTERM" not in proc.stderr
+    losses = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r for r in losses if "loss" in r]
+
+
+@pytest.mark.slow
+def test_the_seed_example_solves_cartpole_through_the_cli(seed_site, tmp_path):
+    run_dir = tmp_path / "run"
+    proc = cli("run", "--plugin", "seed", "--workers", "2", "--total-steps", "2000000",
+               "--run-dir", str(run_dir), "--quiet", env=_with(seed_site), timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["solved"] and summary["stop_reason"] == "solved", summary

@@ -61,12 +61,21 @@ def test_unknown_algorithm_lists_installed(pm):
 
 def test_two_plugins_with_the_same_algorithm_name_are_refused(pm):
     pm.register(Registers(algorithm("tiny")), name="first")
-    pm.register(Registers(algorithm("tiny")), name="second")
+    pm.register(Registers(algorithm("tiny"), algorithm("other")), name="second")
     with pytest.raises(
         PluginError, match=r"'tiny' is registered by two plugins: '\w+' and '\w+'"
     ) as e:
-        pm.algorithms()
+        pm.algorithm("tiny")
     assert "first" in str(e.value) and "second" in str(e.value)
+    assert pm.algorithm("other")[0] == "second"  # the rest is usable
+
+
+def test_a_plugin_name_selects_its_only_algorithm_and_not_one_of_several(pm):
+    pm.register(Registers(algorithm("tiny")), name="tiny-plugin")
+    pm.register(Registers(algorithm("a"), algorithm("b")), name="pair")
+    assert pm.algorithm("tiny-plugin") == pm.algorithm("tiny")
+    with pytest.raises(PluginError, match=r"plugin 'pair' registers several algorithms: a, b"):
+        pm.algorithm("pair")
 
 
 def test_registering_something_else_names_plugin_and_hook(pm):
@@ -76,8 +85,10 @@ def test_registering_something_else_names_plugin_and_hook(pm):
             register({"name": "tiny"})
 
     pm.register(Wrong(), name="wrong-plugin")
-    with pytest.raises(PluginError, match=r"'wrong-plugin': mprl_register_algorithms .* dict"):
-        pm.algorithms()
+    pm.register(Registers(algorithm("tiny")), name="fine")
+    assert list(pm.algorithms()) == ["tiny"]  # one broken plugin disables only itself
+    with pytest.raises(PluginError, match=r"'wrong-plugin' .* register\(\) with dict"):
+        pm.algorithm("wrong-plugin")
 
 
 def test_a_bad_declaration_in_a_registration_hook_names_the_plugin(pm):
@@ -93,10 +104,15 @@ def test_a_bad_declaration_in_a_registration_hook_names_the_plugin(pm):
     pm.register(Lambda(), name="lambda-plugin")
     with pytest.raises(
         PluginError,
-        match=r"^plugin 'lambda-plugin': algorithm 'x': worker '.*<lambda>' cannot be sent to "
-        r"spawned processes: define it with `def` at the top level",
+        match=r"^plugin 'lambda-plugin' \(registered in code\) failed to register what it "
+        r"provides: algorithm 'x': worker '.*<lambda>' cannot be sent to spawned processes: "
+        r"define it with `def` at the top level",
     ):
-        pm.algorithms()
+        pm.algorithm("lambda-plugin")
+    with pytest.raises(
+        PluginError, match=r"unknown plugin/algorithm 'x'; installed: none; plugin "
+    ):
+        pm.algorithm("x")  # by the name it meant to register: what failed is said too
 
 
 def test_a_hook_that_raises_is_reported_with_its_plugin(pm):
@@ -106,8 +122,8 @@ def test_a_hook_that_raises_is_reported_with_its_plugin(pm):
             raise KeyError("oops")
 
     pm.register(Raises(), name="raiser")
-    with pytest.raises(PluginError, match=r"'raiser': mprl_register_algorithms raised KeyError"):
-        pm.algorithms()
+    with pytest.raises(PluginError, match=r"'raiser' .* failed to register .*: KeyError: 'oops'"):
+        pm.algorithm("raiser")
 
 
 def test_misspelt_hook_fails_loudly_naming_the_plugin(pm):

@@ -165,3 +165,11 @@ class Custom(s.Field):
 def test_wrong_declarations_name_the_field(fields, message):
     with pytest.raises(SchemaError, match=message):
         s.Schema(**fields)
+
+
+def test_a_misspelt_field_names_the_declared_ones():
+    state = build_state(s.Schema(steps=s.PerWorker(0), lock=s.Lock()), 2)
+    with pytest.raises(
+        AttributeError, match=r"no field 'step'; the algorithm's schema declares: lock, steps"
+    ):
+        state.step  # noqa: B018

@@ -66,6 +66,8 @@ class Job:
     initial_steps: tuple[int, ...] = ()
     #: shared-state data from the checkpoint a resumed run starts from
     state_snapshot: Mapping[str, Any] = attrs.field(factory=dict)
+    #: the algorithm's named optimizers (``Algorithm(optimizers=...)``)
+    optimizers: Mapping[str, torch.optim.Optimizer] = attrs.field(factory=dict)
     #: 0 for a new run, 1 after the first resume, ...; part of every child's seed
     session: int = 0
     #: the run directory, for the backend's own files (``logs/``); a temp dir when ``None``
@@ -106,10 +108,18 @@ class Job:
             state=state,
             model=self.model,
             optimizer=self.optimizer,
+            optimizers=dict(self.optimizers),
             channel=channel,
             make_env=self.make_env,
             restarts=restarts,
         )
+
+    def all_optimizers(self) -> list[torch.optim.Optimizer]:
+        """``make_optimizer``'s and the named ones."""
+        return [
+            *([self.optimizer] if self.optimizer is not None else []),
+            *self.optimizers.values(),
+        ]
 
     def function(self, role: Role) -> Callable[[Context], None]:
         """The algorithm's function for ``role``: ``worker`` or ``train``."""

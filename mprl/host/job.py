@@ -202,27 +202,45 @@ def build_model(algo: Algorithm, dims: Dims, copies: int = 1) -> torch.nn.Module
     return model
 
 
-def _model_and_optimizer(
+def _optimizer(
+    algo: Algorithm, what: str, make: Any, arg: Any, dims: Dims, saved: Any, resume: Resume | None
+) -> torch.optim.Optimizer:
+    """An optimizer from the algorithm's factory ``make(arg, config)``, checked, restored from
+    the checkpoint's ``saved`` state on resume, its state made."""
+    optimizer = _built(algo, what, make, arg, dims.config)
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise PluginError(
+            f"algorithm {algo.name!r}: {what} returned {type(optimizer).__name__}, "
+            "expected a torch.optim.Optimizer"
+        )
+    if resume is not None and saved is not None:
+        _load_state(resume, f"{what} state", optimizer, saved, algo)
+    materialize_optimizer_state(optimizer)
+    return optimizer
+
+
+def _model_and_optimizers(
     algo: Algorithm, dims: Dims, seed: int, resume: Resume | None
-) -> tuple[torch.nn.Module, torch.optim.Optimizer | None]:
+) -> tuple[torch.nn.Module, torch.optim.Optimizer | None, dict[str, torch.optim.Optimizer]]:
     copies = 3 + dims.workers + 1  # shared, optimizer state (2), each process's own
     with torch.random.fork_rng(devices=[]):  # initial weights follow the run seed only
         torch.manual_seed(seed)
         model = build_model(algo, dims, copies)
+    data = resume.data if resume is not None else {}
     if resume is not None:
-        _load_state(resume, "model", model, resume.data["model"], algo)
-    if algo.make_optimizer is None:
-        return model, None
-    optimizer = _built(algo, "make_optimizer", algo.make_optimizer, model.parameters(), dims.config)
-    if not isinstance(optimizer, torch.optim.Optimizer):
-        raise PluginError(
-            f"algorithm {algo.name!r}: make_optimizer returned {type(optimizer).__name__}, "
-            "expected a torch.optim.Optimizer"
-        )
-    if resume is not None and resume.data["optimizer"] is not None:
-        _load_state(resume, "optimizer state", optimizer, resume.data["optimizer"], algo)
-    materialize_optimizer_state(optimizer)
-    return model, optimizer
+        _load_state(resume, "model", model, data["model"], algo)
+    optimizer = None
+    if algo.make_optimizer is not None:
+        optimizer = _optimizer(
+            algo, "make_optimizer", algo.make_optimizer, model.parameters(), dims,
+            data.get("optimizer"), resume,
+        )  # fmt: skip
+    saved = data.get("optimizers") or {}
+    named = {
+        name: _optimizer(algo, f"optimizers[{name!r}]", make, model, dims, saved.get(name), resume)
+        for name, make in algo.optimizers.items()
+    }
+    return model, optimizer, named
 
 
 def prepare_job(
@@ -246,7 +264,7 @@ def prepare_job(
     algo.check_spaces(run_cfg.env, obs_space, act_space)
     dims = Dims(run_cfg.workers, obs_space, act_space, cfg)
     algo.schema.check_dims(dims)
-    model, optimizer = _model_and_optimizer(algo, dims, run_cfg.seed, resumed)
+    model, optimizer, optimizers = _model_and_optimizers(algo, dims, run_cfg.seed, resumed)
     initial_steps: tuple[int, ...] = ()
     if resumed is not None:
         saved = [int(x) for x in resumed.data["steps"]]
@@ -262,6 +280,7 @@ def prepare_job(
         dims=dims,
         model=model,
         optimizer=optimizer,
+        optimizers=optimizers,
         make_env=EnvFactory(pm),
         initial_steps=initial_steps,
         state_snapshot=resumed.data["shared_state"] if resumed is not None else {},

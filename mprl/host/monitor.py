@@ -238,6 +238,7 @@ class RunMonitor:
                     session=job.session,
                     model=job.model,
                     optimizer=job.optimizer,
+                    optimizers=job.optimizers,
                     steps=list(stats.per_worker) or [0] * (info.run.workers + 2),
                     stats=stats.state(),
                     shared_state=shared,

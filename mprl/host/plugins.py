@@ -7,7 +7,6 @@ build one with ``autoload=False`` and register plugin objects inline.
 
 from __future__ import annotations
 
-import functools
 import importlib
 import importlib.metadata as md
 import os
@@ -39,18 +38,26 @@ DEFAULT_PLUGINS = ("mprl.host.envs", "mprl.backends.local", "mprl.backends.seria
 
 @attrs.frozen
 class FailedPlugin:
-    """An entry point whose import failed; the other plugins stay usable."""
+    """A plugin that failed to import, to register or to register what it provides; the other
+    plugins stay usable, and only selecting what it provides is an error."""
 
     name: str
     value: str
     distribution: str
     version: str
     error: str
+    stage: str = "import"  # what failed: "import", "register", "register its algorithms" ...
 
     def message(self) -> str:
+        where = (
+            f"entry point {self.name} = {self.value} in distribution "
+            f"{self.distribution} {self.version}"
+            if self.value
+            else "registered in code"
+        )
         return (
-            f"plugin {self.name!r} (entry point {self.name} = {self.value} in distribution "
-            f"{self.distribution} {self.version}) failed to import: {self.error}"
+            f"plugin {self.name!r} ({where}) failed to {self.stage}: {self.error}; block it "
+            f"with -p no:{self.name} or {BLOCK_ENV}={self.name}"
         )
 
 
@@ -84,8 +91,11 @@ class PluginManager(pluggy.PluginManager):
         self.add_hookspecs(hookspecs)
         self.failed: list[FailedPlugin] = []
         self.distributions: dict[str, tuple[str, str]] = {}
+        self.entry_points: dict[str, str] = {}  # plugin name -> the entry point's value
         self._algorithms: dict[str, tuple[str, Algorithm]] | None = None
         self._backends: dict[str, BackendInfo] | None = None
+        #: algorithm names registered by more than one plugin: name -> the plugins
+        self.conflicts: dict[str, list[str]] = {}
         self._blocked: list[str] = []
 
     # -- loading ---------------------------------------------------------------------------
@@ -97,15 +107,27 @@ class PluginManager(pluggy.PluginManager):
                 continue
             dist = ep.dist.name if ep.dist else "?"
             version = ep.dist.version if ep.dist else "?"
+            self.entry_points[ep.name] = ep.value
+            self.distributions[ep.name] = (dist, version)
+            stage = "import"
             try:
                 plugin = ep.load()
+                stage = "register"
+                self.register(plugin, name=ep.name)
             except Exception as exc:
-                err = f"{type(exc).__name__}: {exc}"
-                self.failed.append(FailedPlugin(ep.name, ep.value, dist, version, err))
-                continue
-            self.register(plugin, name=ep.name)
-            self.distributions[ep.name] = (dist, version)
+                self._fail(ep.name, stage, exc)
         self._algorithms = self._backends = None
+
+    def _fail(self, name: str, stage: str, exc: BaseException) -> None:
+        """Record that plugin ``name`` failed at ``stage``; it is left out from here on."""
+        text = str(exc)
+        if isinstance(exc, PluginError):  # mprl's own words: no type name before them
+            error = text.removeprefix(f"plugin {name!r}: ")
+        else:
+            error = f"{type(exc).__name__}: {text}"
+        dist, version = self.distributions.get(name, ("", ""))
+        value = self.entry_points.get(name, "")
+        self.failed.append(FailedPlugin(name, value, dist, version, error, stage))
 
     def set_blocked(self, name: str) -> None:
         super().set_blocked(name)
@@ -127,14 +149,21 @@ class PluginManager(pluggy.PluginManager):
         return super().unregister(plugin=plugin, name=name)
 
     def check(self) -> None:
-        """Fail loudly on a hook implementation that matches no spec (a misspelt hook)."""
-        try:
-            self.check_pending()
-        except pluggy.PluginValidationError as exc:
-            raise PluginError(
-                f"plugin {self.get_name(exc.plugin)!r}: {exc}; hooks are named "
-                f"{', '.join(sorted(n for n in dir(hookspecs) if n.startswith('mprl_')))}"
-            ) from None
+        """Fail loudly on a hook implementation that matches no spec (a misspelt hook). An
+        installed plugin (an entry point) with one is recorded as failed and left out, so it
+        disables nothing but itself; one registered in code raises."""
+        while True:
+            try:
+                self.check_pending()
+                return
+            except pluggy.PluginValidationError as exc:
+                name = self.get_name(exc.plugin) or repr(exc.plugin)
+                hooks = ", ".join(sorted(n for n in dir(hookspecs) if n.startswith("mprl_")))
+                error = PluginError(f"plugin {name!r}: {exc}; hooks are named {hooks}")
+                if name not in self.entry_points:
+                    raise error from None
+                self.unregister(exc.plugin)
+                self._fail(name, "register", error)
 
     # -- algorithms ------------------------------------------------------------------------
 
@@ -145,61 +174,88 @@ class PluginManager(pluggy.PluginManager):
         ]
         return self.subset_hook_caller(hook, remove_plugins=others)(**kwargs)
 
-    def _registrations(self, hook: str, add: Callable[..., None]) -> None:
-        """Call registration ``hook`` on each plugin with ``register(*args)`` calling
-        ``add(plugin_name, *args)``; whatever goes wrong is a PluginError naming the plugin."""
+    def _registrations(
+        self, hook: str, check: Callable[..., None]
+    ) -> list[tuple[str, tuple[tuple, dict]]]:
+        """Call registration ``hook`` on each plugin, in pluggy's order; ``(plugin name,
+        register's arguments)`` for each call of ``register``, each checked by
+        ``check(plugin, *args)``. A plugin whose hook or checks fail is recorded in
+        :attr:`failed` with what it registered dropped: the others are unaffected."""
+        out: list[tuple[str, tuple[tuple, dict]]] = []
+        failed = {f.name for f in self.failed}
         for impl in reversed(getattr(self.hook, hook).get_hookimpls()):
             name = impl.plugin_name
+            mine: list[tuple[tuple, dict]] = []
+
+            def register(*args: Any, _mine: list = mine, **kwargs: Any) -> None:
+                _mine.append((args, kwargs))
+
             try:
-                self.call_one(hook, impl.plugin, register=functools.partial(add, name))
-            except PluginError as exc:
-                if str(exc).startswith("plugin "):
-                    raise
-                raise PluginError(f"plugin {name!r}: {exc}") from None
+                self.call_one(hook, impl.plugin, register=register)
+                for args, kwargs in mine:
+                    check(name, *args, **kwargs)
             except Exception as exc:
-                raise PluginError(
-                    f"plugin {name!r}: {hook} raised {type(exc).__name__}: {exc}"
-                ) from exc
+                if name not in failed:
+                    self._fail(name, "register what it provides", exc)
+                continue
+            out += [(name, args) for args in mine]
+        return out
 
     def algorithms(self) -> dict[str, tuple[str, Algorithm]]:
-        """``{algorithm name: (plugin name, Algorithm)}`` from every plugin's registration hook."""
+        """``{algorithm name: (plugin name, Algorithm)}`` from every plugin's registration hook.
+        A name two plugins register is left out (:attr:`conflicts`), as are the algorithms of
+        a plugin whose registration failed (:attr:`failed`)."""
         if self._algorithms is not None:
             return self._algorithms
-        found: dict[str, tuple[str, Algorithm]] = {}
 
-        def register(plugin: str, algo: Any) -> None:
-            if not isinstance(algo, Algorithm):
+        def check(plugin: str, algo: Any = None, *extra: Any, **kwargs: Any) -> None:
+            if extra or kwargs or not isinstance(algo, Algorithm):
                 raise PluginError(
                     f"plugin {plugin!r}: mprl_register_algorithms called register() with "
                     f"{type(algo).__name__} {algo!r}; expected an mprl.Algorithm"
                 )
-            if algo.name in found:
-                raise PluginError(
-                    f"algorithm {algo.name!r} is registered by two plugins: "
-                    f"{found[algo.name][0]!r} and {plugin!r}; block one with "
-                    f"-p no:NAME or {BLOCK_ENV}=NAME"
-                )
-            found[algo.name] = (plugin, algo)
 
-        self._registrations("mprl_register_algorithms", register)
+        owners: dict[str, list[str]] = {}
+        first: dict[str, tuple[str, Algorithm]] = {}
+        for plugin, ((algo,), _) in self._registrations("mprl_register_algorithms", check):
+            owners.setdefault(algo.name, []).append(plugin)
+            first.setdefault(algo.name, (plugin, algo))
+        found = {name: first[name] for name, plugins in owners.items() if len(plugins) == 1}
+        self.conflicts = {name: plugins for name, plugins in owners.items() if len(plugins) > 1}
         self._algorithms = found
         return found
 
     def algorithm(self, name: str) -> tuple[str, Algorithm]:
-        """``(plugin name, Algorithm)`` for ``name``; unknown names list what is installed."""
+        """``(plugin name, Algorithm)`` for ``name``: an algorithm's name, or the name of a
+        plugin that registers exactly one algorithm. Anything else is a PluginError that says
+        what is installed, or what went wrong with ``name``."""
         algos = self.algorithms()
         if name in algos:
             return algos[name]
+        of_plugin = sorted(a for a, (plugin, _) in algos.items() if plugin == name)
+        if len(of_plugin) == 1:
+            return algos[of_plugin[0]]
         installed = ", ".join(sorted(algos)) or "none"
-        msg = f"unknown plugin/algorithm {name!r}; installed: {installed}"
+        if of_plugin:
+            raise PluginError(
+                f"plugin {name!r} registers several algorithms: {', '.join(of_plugin)}; "
+                "give one of them to --plugin"
+            )
+        if name in self.conflicts:
+            owners = " and ".join(repr(p) for p in self.conflicts[name])
+            raise PluginError(
+                f"algorithm {name!r} is registered by two plugins: {owners}; block one with "
+                f"-p no:NAME or {BLOCK_ENV}=NAME"
+            )
         for failed in self.failed:
             if failed.name == name:
-                msg = failed.message()
+                raise PluginError(failed.message())
         if self.is_blocked(name):
-            msg = (
+            raise PluginError(
                 f"plugin {name!r} is blocked (-p no:{name} or {BLOCK_ENV}); installed: {installed}"
             )
-        raise PluginError(msg)
+        problems = "".join(f"; {f.message()}" for f in self.failed)
+        raise PluginError(f"unknown plugin/algorithm {name!r}; installed: {installed}{problems}")
 
     # -- backends --------------------------------------------------------------------------
 
@@ -207,17 +263,20 @@ class PluginManager(pluggy.PluginManager):
         """Every registered backend by name; the first registration of a name wins."""
         if self._backends is not None:
             return self._backends
-        found: dict[str, BackendInfo] = {}
 
-        def register(plugin: str, name: Any, factory: Any, description: str = "") -> None:
+        def check(
+            plugin: str, name: Any = None, factory: Any = None, description: Any = ""
+        ) -> None:
             if not (isinstance(name, str) and name) or not callable(factory):
                 raise PluginError(
                     f"plugin {plugin!r}: mprl_register_backends called register({name!r}, "
-                    f"{factory!r}); expected a name and a backend factory"
+                    f"{factory!r}); expected a name, a backend factory and a description"
                 )
-            found.setdefault(name, BackendInfo(name, plugin, factory, description))
 
-        self._registrations("mprl_register_backends", register)
+        found: dict[str, BackendInfo] = {}
+        for plugin, (args, kwargs) in self._registrations("mprl_register_backends", check):
+            info = BackendInfo(args[0], plugin, *args[1:], **kwargs)
+            found.setdefault(info.name, info)
         self._backends = found
         return found
 

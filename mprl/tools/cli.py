@@ -62,7 +62,11 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "-h", "--help", action="store_true", help="show this help (with --plugin: its config)"
     )
-    run.add_argument("--plugin", help="algorithm to run (see `python -m mprl plugins`)")
+    run.add_argument(
+        "--plugin",
+        help="the algorithm to run, by its name or by the name of a plugin that registers only "
+        "one (see `python -m mprl plugins`)",
+    )
     run.add_argument(
         "--resume", metavar="RUN_DIR",
         help="continue RUN_DIR (or a checkpoint file) from its last checkpoint; flags and --set "
@@ -252,6 +256,7 @@ def _cmd_plugins(args: argparse.Namespace) -> int:
         data = {
             "plugins": [attrs.asdict(i) for i in infos],
             "failed": [attrs.asdict(f) for f in pm.failed],
+            "conflicts": pm.conflicts,
             "blocked": pm.blocked_names(),
             "backends": {
                 b.name: {"plugin": b.plugin, "description": b.description}
@@ -272,6 +277,8 @@ def _cmd_plugins(args: argparse.Namespace) -> int:
         print(f"    {backend.name:<10} {backend.description}  [{backend.plugin}]")
     for failed in pm.failed:
         print(f"FAILED {failed.message()}")
+    for name, owners in sorted(pm.conflicts.items()):
+        print(f"CONFLICT algorithm {name!r} is registered by {' and '.join(owners)}")
     for name in pm.blocked_names():
         print(f"blocked: {name}")
     return 0

@@ -181,11 +181,10 @@ def threads_per_child(n_children: int) -> int:
     return max(1, (os.cpu_count() or 1) // n_children)
 
 
-def _optimizer_tensors(optimizer: torch.optim.Optimizer | None) -> list[torch.Tensor]:
-    if optimizer is None:
-        return []
+def _optimizer_tensors(optimizers: list[torch.optim.Optimizer]) -> list[torch.Tensor]:
     return [
         value
+        for optimizer in optimizers
         for state in optimizer.state.values()
         for value in state.values()
         if isinstance(value, torch.Tensor)
@@ -227,7 +226,9 @@ class LocalBackend(base.Backend):
                 '`if __name__ == "__main__":` (see the README)'
             )
         tensors = [*job.model.parameters(), *job.model.buffers()]
-        nbytes, storages = preflight.shared_bytes([*tensors, *_optimizer_tensors(job.optimizer)])
+        nbytes, storages = preflight.shared_bytes(
+            [*tensors, *_optimizer_tensors(job.all_optimizers())]
+        )
         state_bytes, state_tensors = job.algorithm.schema.memory(job.dims)
         notes = preflight.check(
             shm_bytes=nbytes + state_bytes,
@@ -235,7 +236,7 @@ class LocalBackend(base.Backend):
             processes=len(job.roles()) + 1,
         )
         job.model.share_memory()
-        for value in _optimizer_tensors(job.optimizer):
+        for value in _optimizer_tensors(job.all_optimizers()):
             value.share_memory_()
         return notes
 

@@ -93,22 +93,20 @@ def _alias(t: torch.Tensor) -> torch.Tensor:
     return alias
 
 
-def _own_objects(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer | None
-) -> tuple[torch.nn.Module, torch.optim.Optimizer | None]:
-    """What unpickling gives a spawned process: its own model and optimizer whose tensors are
+def _own_objects(job: Job) -> tuple[Any, Any, Any]:
+    """What unpickling gives a spawned process: its own model and optimizers whose tensors are
     new tensor objects over the shared memory.
 
     So, as across processes, one process's ``optimizer.step()`` changes the values another one
     computes with but not the autograd version of its tensors (its ``backward()`` does not fail
     with "modified by an inplace operation"), and each process has its own ``.grad``.
     """
-    tensors = [*model.parameters(), *model.buffers()]
-    if optimizer is not None:
+    tensors = [*job.model.parameters(), *job.model.buffers()]
+    for optimizer in job.all_optimizers():
         for state in optimizer.state.values():
             tensors += [v for v in state.values() if isinstance(v, torch.Tensor)]
     memo: dict[int, Any] = {id(t): _alias(t) for t in tensors}
-    return copy.deepcopy((model, optimizer), memo)
+    return copy.deepcopy((job.model, job.optimizer, dict(job.optimizers)), memo)
 
 
 class _SerialChannel:
@@ -189,7 +187,7 @@ class _SerialRun:
     def _proc(self, index: int, role: Role) -> _Proc:
         job = self.job
         ctx = job.context(role, self.state, self.channel)
-        ctx.model, ctx._optimizer = _own_objects(job.model, job.optimizer)
+        ctx.model, ctx._optimizer, ctx._optimizers = _own_objects(job)
         proc = _Proc(index, role, job.function(role), ctx)
         proc.run = self
         return proc
