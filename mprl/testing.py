@@ -60,6 +60,8 @@ def registered(plugin: object) -> dict[str, Algorithm]:
     algos = pm.algorithms()
     if pm.failed:  # a test of the registration wants the error itself
         raise PluginError(pm.failed[0].message())
+    for name in pm.conflicts:
+        pm.algorithm(name)  # raises, naming the plugins
     return {name: algo for name, (_, algo) in algos.items()}
 
 

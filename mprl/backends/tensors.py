@@ -279,29 +279,49 @@ class TensorReplay(_Bound):
 
     def _local(self) -> None:
         self._heads_np, self._stamps_np = self._heads.numpy(), self._stamps.numpy()
+        # rows are written through numpy views: a torch slice assignment costs ten times as much
+        self._views = {name: t.numpy() for name, t in self.buffers.items()}
 
     def add(self, **rows: torch.Tensor) -> None:
         if not 0 <= self._slot < self.workers:
             raise RuntimeError("only a worker adds rows to a replay buffer")
-        if set(rows) != set(self.buffers):
+        if rows.keys() != self.buffers.keys():
             raise ValueError(f"add() takes the fields {sorted(self.buffers)}, got {sorted(rows)}")
-        values = {name: torch.as_tensor(value) for name, value in rows.items()}
-        n = len(next(iter(values.values())))
+        values = [
+            (
+                self._views[name],
+                value.detach().numpy() if isinstance(value, torch.Tensor) else np.asarray(value),
+            )
+            for name, value in rows.items()
+        ]
+        n = len(values[0][1])
         if n > self.per_worker:
             raise ValueError(f"{n} rows at once, more than a worker's {self.per_worker}")
-        for name, value in values.items():
-            if value.shape != (n, *self.buffers[name].shape[1:]):
+        for (name, _), (buffer, value) in zip(rows.items(), values, strict=True):
+            if value.shape[0] != n or value.shape[1:] != buffer.shape[1:]:
                 raise ValueError(
                     f"add(): {name} has shape {tuple(value.shape)}, expected "
-                    f"{(n, *self.buffers[name].shape[1:])} ({n} rows)"
+                    f"{(n, *buffer.shape[1:])} ({n} rows)"
                 )
         head = int(self._heads_np[self._slot])
-        where = self._slot * self.per_worker + (head + np.arange(n)) % self.per_worker
-        self._stamps_np[where] += 1  # odd: being written
-        index = torch.from_numpy(where)
-        for name, value in values.items():
-            self.buffers[name].index_copy_(0, index, value.to(self.buffers[name].dtype))
-        self._stamps_np[where] += 1  # even: complete
+        start = self._slot * self.per_worker + head % self.per_worker
+        end = self._slot * self.per_worker + self.per_worker
+        # the rows in place: one slice when they do not wrap round the worker's ring (the
+        # common case: an index copy per field costs several times as much)
+        parts = [(slice(start, start + n), slice(0, n))]
+        if start + n > end:
+            first = end - start
+            parts = [
+                (slice(start, end), slice(0, first)),
+                (slice(end - self.per_worker, end - self.per_worker + n - first), slice(first, n)),
+            ]
+        for rows_at, _ in parts:
+            self._stamps_np[rows_at] += 1  # odd: being written
+        for rows_at, taken in parts:
+            for buffer, value in values:
+                buffer[rows_at] = value[taken]
+        for rows_at, _ in parts:
+            self._stamps_np[rows_at] += 1  # even: complete
         self._heads_np[self._slot] = head + n  # after the rows: they are visible from here on
 
     def _sizes(self) -> np.ndarray:
