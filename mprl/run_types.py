@@ -50,7 +50,29 @@ class RunConfig:
     )
     backend: str = attrs.field(
         default="local",
-        metadata={"help": "where processes run: local (spawned) or serial (see --serial)"},
+        metadata={
+            "help": "where processes run: local (spawned), serial (see --serial) or ray "
+            '(Ray actors; pip install "mprl[ray]")'
+        },
+    )
+    ray_address: str = attrs.field(
+        default="",
+        metadata={
+            "help": "--backend ray: join the Ray cluster at HOST:PORT (default: $RAY_ADDRESS, "
+            "else start Ray on this machine for the run)"
+        },
+    )
+    worker_cpus: float = attrs.field(
+        default=1.0,
+        validator=v.gt(0),
+        metadata={"help": "--backend ray: CPUs each worker actor reserves"},
+    )
+    learner_resources: str = attrs.field(
+        default="",
+        metadata={
+            "help": "--backend ray: what the train process's actor reserves, as JSON "
+            """(default '{"CPU": 1}'; e.g. '{"CPU": 1, "GPU": 1}')"""
+        },
     )
     max_restarts: int = attrs.field(
         default=0,

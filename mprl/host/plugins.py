@@ -33,7 +33,12 @@ TRACE_ENV = "MPRL_TRACE"
 
 #: the core's own plugins, registered by module name before the entry points: gymnasium's
 #: environments and the built-in backends
-DEFAULT_PLUGINS = ("mprl.host.envs", "mprl.backends.local", "mprl.backends.serial")
+DEFAULT_PLUGINS = (
+    "mprl.host.envs",
+    "mprl.backends.local",
+    "mprl.backends.serial",
+    "mprl.backends.ray",
+)
 
 
 @attrs.frozen

@@ -1,0 +1,132 @@
+"""What runs inside a Ray actor: one worker or the train process of a run.
+
+The plugin's function runs in the actor's :meth:`ChildActor.run`; the driver calls
+:meth:`ChildActor.poll` (another thread of the same actor) about every tick. A poll brings the
+stop flag and the run's env-step total in, and takes the step count, the heartbeat's age and the
+pending metric records out: the function itself never makes a remote call to report.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import ray
+import torch
+
+from mprl.backends import base
+from mprl.context import Context, episode_record
+
+
+class ActorChannel:
+    """:class:`mprl.context.Channel` inside an actor: plain attributes, read by :meth:`poll`."""
+
+    def __init__(self) -> None:
+        self.stopping = False
+        self.steps = 0
+        self.total = 0  # the run's env steps at the driver's last poll
+        self.steps_at_total = 0  # this actor's steps then
+        self.last_beat = 0.0  # time.monotonic(); negative while in start-up work
+        self.records: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+
+    def beat(self, slot: int, starting: bool = False) -> None:
+        now = time.monotonic()
+        self.last_beat = -now if starting else now
+
+    def should_stop(self, slot: int) -> bool:
+        self.beat(slot)
+        return self.stopping
+
+    def add_steps(self, slot: int, n: int) -> None:
+        self.steps += n
+        self.beat(slot)
+
+    def env_steps(self) -> int:
+        return self.total + self.steps - self.steps_at_total
+
+    def send(self, slot: int, record: dict[str, Any]) -> None:
+        with self._lock:
+            self.records.append(record)
+        self.beat(slot)
+
+    def episode(self, slot: int, source: str, episode_return: float, episode_length: int) -> None:
+        record = episode_record(source, self.env_steps(), time.time(), episode_return, episode_length)
+        self.send(slot, record)
+
+    def flush(self) -> None:
+        pass  # the driver's poll takes the records
+
+    def take(self) -> list[dict[str, Any]]:
+        with self._lock:
+            out, self.records = self.records, []
+        return out
+
+
+class ChildActor:
+    """One process of a run on a Ray node (made a Ray actor by the backend)."""
+
+    def __init__(self, authkey: bytes) -> None:
+        # the Manager's proxies in the context read the run's key from here when unpickled
+        mp.current_process().authkey = authkey
+        self.channel = ActorChannel()
+        self.ctx: Context | None = None
+
+    def where(self) -> dict[str, Any]:
+        """The node this actor runs on."""
+        runtime = ray.get_runtime_context()
+        return {"node_id": runtime.get_node_id(), "ip": ray.util.get_node_ip_address(),
+                "pid": os.getpid()}  # fmt: skip
+
+    def run(self, fn: Callable[[Context], None], ctx: Context, threads: int) -> dict[str, Any]:
+        """Run the plugin's function; ``{"code": 0}``, or ``{"code": 1, "traceback": ...}``."""
+        ctx.channel = self.channel
+        self.ctx = ctx
+        torch.set_num_threads(threads)
+        base.seed_process(ctx.seed)
+        ctx.heartbeat()
+        try:
+            fn(ctx)
+        except BaseException:
+            return {"code": 1, "traceback": traceback.format_exc()}
+        return {"code": 0}
+
+    def poll(self, stop: bool, env_steps: int, want_state: bool, model: list[Any] | None) -> dict:
+        """Exchange with the driver: see the module's docstring. ``model`` (a reference to the
+        train process's model weights) is copied into this worker's ``ctx.model``;
+        ``want_state`` asks the train process for references to its model and optimizers."""
+        channel = self.channel
+        if stop:
+            channel.stopping = True
+        channel.total, channel.steps_at_total = env_steps, channel.steps
+        ctx = self.ctx
+        out: dict[str, Any] = {"steps": channel.steps, "records": channel.take()}
+        beat = channel.last_beat
+        out["silent"] = None if beat == 0 else time.monotonic() - abs(beat)
+        out["starting"] = beat <= 0
+        if ctx is not None and model is not None:
+            with torch.no_grad():
+                ctx.model.load_state_dict(ray.get(model[0]))
+        if ctx is not None and want_state:
+            out["state"] = self._state(ctx)
+        return out
+
+    @staticmethod
+    def _state(ctx: Context) -> dict[str, list[Any]] | None:
+        """References to this process's model and optimizer states (read while it may be
+        training, as the local backend's checkpoint reads shared memory); ``None`` when an
+        optimizer changed shape under the read."""
+        try:
+            model = {k: v.detach().clone() for k, v in ctx.model.state_dict().items()}
+            optimizers = {
+                "optimizer": ctx._optimizer.state_dict() if ctx._optimizer is not None else None,
+                "optimizers": {k: o.state_dict() for k, o in ctx._optimizers.items()},
+            }
+            return {"model": [ray.put(model)], "optimizers": [ray.put(optimizers)]}
+        except RuntimeError:  # a dict changed size during iteration: next poll
+            return None

@@ -1,0 +1,597 @@
+"""The Ray backend: each worker and the train process is a Ray actor, on any node of a cluster.
+
+The driver (the ``mprl run`` process) builds the shared state, starts one actor per process,
+polls each about every tick (steps, heartbeat, records, the stop flag: no remote call per env
+step), restarts or stops them, and writes every checkpoint to the run directory.
+
+- Manager kinds live in a Manager server started by the driver and reached over TCP at the
+  driver's node address, with a random per-run key (never an open port without
+  authentication): the same objects, so the same semantics, as on the local backend.
+- Rollouts and weights go through Ray's object store and a small hub actor
+  (:mod:`mprl.backends.ray.transport`).
+- The train process's model and optimizers are fetched every :data:`SYNC_S` seconds: they are
+  what checkpoints and the policy check read, and workers' ``ctx.model`` follows them.
+- Shared-memory kinds (``Tensor``) and Hogwild (workers training one shared model) need one
+  machine's memory: they are refused before anything starts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import multiprocessing as mp
+import os
+import secrets
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+from mprl.backends import base
+from mprl.backends.base import Job, Monitor, Outcome, Role
+from mprl.backends.restart import RestartPolicy
+from mprl.errors import UsageError
+from mprl.run_types import ChildFailure
+
+INSTALL = 'pip install "mprl[ray]"'
+#: seconds between fetches of the train process's model and optimizers
+SYNC_S = 1.0
+#: seconds children get to return after the stop flag, before their actors are killed
+STOP_GRACE_S = 5.0
+#: a child's first heartbeat comes after its actor is placed and has imported torch
+STARTUP_TIMEOUT_S = 180.0
+#: the longest one answer from an actor (a poll, the final state) is awaited
+CALL_TIMEOUT_S = 30.0
+
+#: schema kinds that need one machine's memory or are not built on Ray yet, and what to use
+REFUSED = {
+    "Tensor": "a Tensor is shared memory of one machine; on --backend ray use Array or Value "
+    "(Manager kinds, shared across nodes) for small data, Rollouts or Weights for bulk data",
+    "ReplayBuffer": "not built on --backend ray yet; use --backend local",
+    "Counter": "not built on --backend ray yet; use a PerWorker or Value field, or "
+    "--backend local",
+    "Module": "not built on --backend ray yet; keep the module in the train process, or "
+    "use --backend local",
+}
+
+
+def learner_resources(text: str) -> dict[str, float]:
+    """``--learner-resources`` read: a JSON object of resource names to amounts."""
+    if not text:
+        return {"CPU": 1.0}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f'--learner-resources {text!r}: not JSON ({exc}); e.g. \'{{"GPU": 1}}\'')
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, int | float) and not isinstance(v, bool) and v >= 0
+        for k, v in value.items()
+    ):
+        raise UsageError(
+            f"--learner-resources {text!r}: expected an object of resource names to amounts "
+            '>= 0, e.g. \'{"CPU": 1, "GPU": 1}\''
+        )
+    return {k: float(v) for k, v in value.items()}
+
+
+def _actor_options(resources: Mapping[str, float]) -> dict[str, Any]:
+    out: dict[str, Any] = {"num_cpus": resources.get("CPU", 0.0)}
+    if resources.get("GPU"):
+        out["num_gpus"] = resources["GPU"]
+    custom = {k: v for k, v in resources.items() if k not in ("CPU", "GPU")}
+    if custom:
+        out["resources"] = custom
+    return out
+
+
+class RayBackend(base.Backend):
+    """Runs a job's processes as Ray actors (``--backend ray``)."""
+
+    name = "ray"
+
+    def prepare(self, job: Job) -> list[str]:
+        """Refuse what cannot run across machines, before anything starts: Ray missing,
+        shared-memory fields, Hogwild, bad resource options."""
+        try:
+            import ray  # noqa: F401
+        except ImportError:
+            raise UsageError(f"--backend ray needs Ray, an optional extra: {INSTALL}") from None
+        name = job.algorithm.name
+        for field_name, field in job.algorithm.schema.fields.items():
+            if field.kind in REFUSED:
+                raise UsageError(
+                    f"algorithm {name!r}: shared-state field {field_name!r} ({field.kind}) "
+                    f"cannot run on --backend ray: {REFUSED[field.kind]}"
+                )
+        if job.algorithm.train is None and job.all_optimizers():
+            raise UsageError(
+                f"algorithm {name!r} trains one shared model in every worker (Hogwild), which "
+                "needs the model in one machine's memory; on --backend ray use an algorithm "
+                "with a train process (impala, ppo), or run it with --backend local"
+            )
+        if job.run.worker_cpus <= 0:
+            raise UsageError(f"--worker-cpus must be > 0: {job.run.worker_cpus}")
+        learner_resources(job.run.learner_resources)
+        return []
+
+    def execute(self, job: Job, monitor: Monitor) -> Outcome:
+        return _RayRun(job, monitor).execute()
+
+
+@attrs.define(eq=False)
+class _Child:
+    """One rank of the job and the actor currently running it."""
+
+    role: Role
+    actor: Any = None
+    run_ref: Any = None
+    where_ref: Any = None
+    poll_ref: Any = None
+    poll_sent: float = 0.0
+    node: str = ""
+    restarts: int = 0
+    in_a_row: int = 0
+    base_steps: int = 0  # the slot's steps before this actor
+    steps: int = 0  # this actor's steps
+    started_at: float = 0.0
+    answered: bool = False  # a poll came back since the start
+    silent: float | None = None  # its heartbeat's age at the last answer
+    starting: bool = True  # in start-up work at the last answer
+    model_sent: int = -1  # the generation of the train process's model it was last sent
+    restart_at: float | None = None
+    done: bool = False
+
+    def live(self) -> bool:
+        return not self.done and self.restart_at is None and self.actor is not None
+
+
+class _RayRun:
+    """One job on Ray: connect, start, supervise, stop, disconnect."""
+
+    def __init__(self, job: Job, monitor: Monitor) -> None:
+        self.job, self.monitor = job, monitor
+        self.policy = RestartPolicy.of(job.run)
+        self.children = [_Child(role) for role in job.roles()]
+        n = job.run.workers
+        self.initial = list(job.initial_steps) or [0] * (n + 2)
+        for child in self.children:
+            child.base_steps = self.initial[child.role.slot]
+        self.authkey = secrets.token_bytes(32)
+        self.learner = learner_resources(job.run.learner_resources)
+        self.model_ref: list[Any] | None = None
+        self.model_gen = 0
+        self.last_sync = time.monotonic()
+        self.state: Any = None
+        self._stopped = False
+
+    # -- connection ----------------------------------------------------------------------------
+
+    def _connect(self) -> bool:
+        """Start Ray for this run, or join the cluster at ``--ray-address`` / ``RAY_ADDRESS``;
+        False when the caller had connected already (its session is left as it is)."""
+        import ray
+
+        if ray.is_initialized():
+            return False
+        address = self.job.run.ray_address or os.environ.get("RAY_ADDRESS", "")
+        quiet = {"log_to_driver": False, "logging_level": "WARNING"}
+        if address:
+            ray.init(address=address, **quiet)
+            return True
+        need = self._cpus_needed()
+        ray.init(
+            address="local",
+            num_cpus=max(os.cpu_count() or 1, int(-(-need // 1))),
+            num_gpus=None,
+            include_dashboard=False,
+            **quiet,
+        )
+        return True
+
+    def _cpus_needed(self) -> float:
+        workers = self.job.run.workers * self.job.run.worker_cpus
+        return workers + (self.learner.get("CPU", 0.0) if self.job.algorithm.train else 0.0)
+
+    def _too_big(self) -> str | None:
+        """Why the cluster cannot hold the job (placement would wait forever), or ``None``."""
+        import ray
+
+        have = ray.cluster_resources()
+        need: dict[str, float] = {"CPU": self._cpus_needed()}
+        if self.job.algorithm.train:
+            for key, value in self.learner.items():
+                if key != "CPU":
+                    need[key] = need.get(key, 0.0) + value
+        short = {k: (v, have.get(k, 0.0)) for k, v in need.items() if have.get(k, 0.0) < v}
+        if not short:
+            return None
+        what = ", ".join(f"{v:g} {k} (the cluster has {h:g})" for k, (v, h) in short.items())
+        return (
+            f"the Ray cluster cannot hold this run: it needs {what}; use fewer --workers, "
+            "a smaller --worker-cpus / --learner-resources, or add nodes"
+        )
+
+    # -- the run -------------------------------------------------------------------------------
+
+    def execute(self) -> Outcome:
+        import ray
+
+        connected = self._connect()
+        manager = None
+        self.hub = None
+        try:
+            if reason := self._too_big():
+                return Outcome("failed", [ChildFailure("Ray cluster", -1, None, reason)])
+            from mprl.backends.ray.transport import Hub, RayStateBuilder
+
+            self.hub = ray.remote(Hub).options(num_cpus=0, scheduling_strategy=self._here()).remote()
+            if self.job.algorithm.schema.needs_manager():
+                manager = self._start_manager()
+            builder = RayStateBuilder(manager, self.hub, self.job.model)
+            self.state, skipped = self.job.build_state(builder)
+            if skipped:
+                self._event("state-not-restored", skipped)
+            self.monitor.on_start(self.state)
+            reason = self._start_all()
+            failures: list[ChildFailure] = []
+            if reason is None:
+                reason, failures = self._supervise()
+            stop_start = time.monotonic()
+            failures += self._stop()
+            shutdown_s = time.monotonic() - stop_start
+            self._on_stop()
+            restarts = tuple(c.restarts for c in self.children if c.role.role == "worker")
+            return Outcome(reason, failures, restarts, round(shutdown_s, 3))
+        finally:
+            for child in self.children:
+                self._kill(child)
+            if self.state is not None:  # every actor is gone: save what was learned
+                with contextlib.suppress(Exception):
+                    self._on_stop()
+            if self.hub is not None:
+                ray.kill(self.hub)
+            if manager is not None:
+                manager.shutdown()
+            if connected:  # a runtime this run started stops; a cluster stays up
+                ray.shutdown()
+
+    def _here(self) -> Any:
+        """Pin an actor to the driver's node (it survives the loss of any other node)."""
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        return NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+
+    def _start_manager(self) -> Any:
+        """A Manager server on this node's address with the run's key, reachable by every
+        node; the same objects the local backend's Manager holds."""
+        import ray
+        from multiprocessing.managers import SyncManager
+
+        from mprl.backends.local.backend import _child_environment, _init_manager
+
+        host = ray.util.get_node_ip_address()
+        server = SyncManager(address=(host, 0), authkey=self.authkey, ctx=mp.get_context("spawn"))
+        with _child_environment(1):
+            server.start(initializer=_init_manager, initargs=("mprl-manager", ()))
+        return server
+
+    def _on_stop(self) -> None:
+        if not self._stopped:
+            self._stopped = True
+            self.monitor.on_stop(self._steps())
+
+    def _steps(self) -> list[int]:
+        steps = list(self.initial)
+        for child in self.children:
+            steps[child.role.slot] = child.base_steps + child.steps
+        return steps
+
+    def _event(self, kind: str, message: str, **fields: Any) -> None:
+        self.monitor.on_event({"event": kind, "message": message, **fields})
+
+    def _stop_reason(self) -> str | None:
+        steps = self._steps()
+        return self.monitor.on_tick(sum(steps), steps)
+
+    # -- starting ------------------------------------------------------------------------------
+
+    def _start_all(self) -> str | None:
+        interval = self.job.run.start_interval
+        for i, child in enumerate(self.children):
+            if reason := self._stop_reason():
+                return reason
+            self._start(child)
+            if child.role.role != "worker" or i == len(self.children) - 1:
+                continue
+            deadline = time.monotonic() + interval
+            while time.monotonic() < deadline:
+                self._poll_all(stop=False)
+                if reason := self._stop_reason():
+                    return reason
+        return None
+
+    def _start(self, child: _Child) -> None:
+        import ray
+
+        from mprl.backends.ray.actor import ChildActor
+
+        job, role = self.job, child.role
+        if role.role == "worker":
+            options = {"num_cpus": job.run.worker_cpus, "scheduling_strategy": "SPREAD"}
+        else:
+            options = _actor_options(self.learner)
+        threads = job.run.torch_threads or max(1, int(options.get("num_cpus") or 1))
+        env = {k: str(threads) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+        child.actor = (
+            ray.remote(ChildActor)
+            .options(max_concurrency=4, runtime_env={"env_vars": env}, **options)
+            .remote(self.authkey)
+        )
+        child.where_ref = child.actor.where.remote()
+        context = job.context(role, self.state, None, child.restarts)  # type: ignore[arg-type]
+        child.run_ref = child.actor.run.remote(job.function(role), context, threads)
+        child.poll_ref, child.answered, child.steps = None, False, 0
+        child.model_sent = -1
+        child.started_at = time.monotonic()
+        child.restart_at = None
+
+    def _kill(self, child: _Child) -> None:
+        import ray
+
+        if child.actor is not None:
+            ray.kill(child.actor, no_restart=True)
+            child.actor = None
+
+    # -- supervision ---------------------------------------------------------------------------
+
+    def _poll_all(self, stop: bool, wait_s: float = base.TICK_S) -> None:
+        """Send a poll to every live child without one in flight, then take the answers
+        that come within ``wait_s``."""
+        import ray
+
+        now = time.monotonic()
+        want_state = self.job.algorithm.train is not None and now - self.last_sync >= SYNC_S
+        total = sum(self._steps())
+        for child in self.children:
+            if not child.live() or (child.poll_ref is not None and not stop):
+                continue
+            is_trainer = child.role.role == "trainer"
+            model = None
+            if not is_trainer and self.model_ref is not None and child.model_sent < self.model_gen:
+                model, child.model_sent = self.model_ref, self.model_gen
+            child.poll_ref = child.actor.poll.remote(stop, total, want_state and is_trainer, model)
+            child.poll_sent = now
+            if want_state and is_trainer:
+                self.last_sync = now
+        pending = [c.poll_ref for c in self.children if c.poll_ref is not None and c.live()]
+        if pending:
+            ray.wait(pending, num_returns=len(pending), timeout=wait_s)
+        for child in self.children:
+            if child.where_ref is not None and _ready(child.where_ref):
+                self._placed(child)
+            if child.poll_ref is not None and _ready(child.poll_ref):
+                self._answer(child)
+
+    def _placed(self, child: _Child) -> None:
+        import ray
+
+        try:
+            where = ray.get(child.where_ref, timeout=CALL_TIMEOUT_S)
+        except Exception:  # noqa: BLE001 - the actor died; its run ref says how
+            where = None
+        child.where_ref = None
+        if where is None:
+            return
+        child.node = where["ip"]
+        self._event(
+            "placed",
+            f"{child.role.who} runs on node {where['ip']} ({where['node_id'][:8]}, pid {where['pid']})",
+            rank=child.role.rank,
+            node=where["ip"],
+            node_id=where["node_id"],
+            pid=where["pid"],
+        )
+
+    def _answer(self, child: _Child) -> None:
+        import ray
+
+        ref, child.poll_ref = child.poll_ref, None
+        try:
+            out = ray.get(ref, timeout=CALL_TIMEOUT_S)
+        except Exception:  # noqa: BLE001 - the actor is gone: its run ref says how
+            return
+        child.answered = True
+        child.steps = out["steps"]
+        child.silent, child.starting = out["silent"], out["starting"]
+        if out["records"]:
+            self.monitor.on_records(out["records"])
+        if out.get("state"):
+            self._load_state(out["state"])
+
+    def _load_state(self, state: Mapping[str, list[Any]]) -> None:
+        """The train process's model and optimizers, into the driver's copies (checkpoints and
+        the policy check read them) and on to the workers."""
+        import ray
+
+        job = self.job
+        model = ray.get(state["model"][0], timeout=CALL_TIMEOUT_S)
+        job.model.load_state_dict(model)
+        optimizers = ray.get(state["optimizers"][0], timeout=CALL_TIMEOUT_S)
+        if job.optimizer is not None and optimizers["optimizer"] is not None:
+            job.optimizer.load_state_dict(optimizers["optimizer"])
+        for name, saved in optimizers["optimizers"].items():
+            if name in job.optimizers:
+                job.optimizers[name].load_state_dict(saved)
+        self.model_ref, self.model_gen = state["model"], self.model_gen + 1
+
+    def _supervise(self) -> tuple[str, list[ChildFailure]]:
+        timeout = self.job.run.worker_timeout
+        cores = os.cpu_count() or 1
+        startup = STARTUP_TIMEOUT_S * max(1.0, len(self.children) / cores)
+        while True:
+            self._poll_all(stop=False)
+            asked = self._stop_reason()
+            if asked is not None and asked.startswith("SIG"):
+                return asked, []
+            failures = []
+            now = time.monotonic()
+            for child in self.children:
+                if not child.live():
+                    continue
+                failure = None
+                if _ready(child.run_ref):
+                    failure = self._ended(child)
+                    if failure is None:
+                        continue
+                else:
+                    silent = self._silence(child, now)
+                    limit = timeout if child.answered and not child.starting else startup
+                    if not timeout or silent is None or silent < max(limit, timeout):
+                        continue
+                    failure = base.failure(
+                        child.role,
+                        None,
+                        reason=f"hung: no heartbeat for {silent:.0f} s (--worker-timeout "
+                        f"{timeout:g}); its actor was killed",
+                    )
+                    self._kill(child)
+                failure = self._restart_or_fail(child, failure)
+                if failure is not None:
+                    failures.append(failure)
+            if failures:
+                return "failed", failures
+            for child in self.children:
+                if child.restart_at is not None and now >= child.restart_at:
+                    self._start(child)
+            done = [c.role for c in self.children if c.done]
+            if reason := base.end_reason(self.job, done) or asked:
+                return reason, []
+
+    def _silence(self, child: _Child, now: float) -> float | None:
+        """Seconds since ``child`` last showed life: its heartbeat's age at the last answer,
+        or, when a poll is not answered, how long it has been waiting."""
+        if not child.answered:
+            return now - child.started_at
+        if child.poll_ref is not None and now - child.poll_sent > 1.0:
+            return now - child.poll_sent
+        return child.silent
+
+    def _ended(self, child: _Child) -> ChildFailure | None:
+        """``child``'s run returned or its actor died: ``None`` when it returned normally."""
+        import ray
+
+        try:
+            result = ray.get(child.run_ref, timeout=CALL_TIMEOUT_S)
+        except ray.exceptions.RayActorError as exc:
+            where = f" on node {child.node}" if child.node else ""
+            return base.failure(child.role, None, reason=f"its actor died{where}: {_cause(exc)}")
+        except ray.exceptions.RayError as exc:
+            return base.failure(child.role, 1, str(exc), reason="could not start its actor")
+        self._last_poll(child)
+        if result["code"] == 0:
+            child.done = True
+            if child.role.role != "trainer":  # the train process's final state is read later
+                self._kill(child)
+            return None
+        where = f" on node {child.node}" if child.node else ""
+        return base.failure(child.role, 1, result["traceback"], reason=f"raised{where}")
+
+    def _last_poll(self, child: _Child) -> None:
+        """Take what ``child`` reported after its last poll (its function returned)."""
+        import ray
+
+        if child.poll_ref is None:
+            child.poll_ref = child.actor.poll.remote(False, sum(self._steps()), False, None)
+        with contextlib.suppress(Exception):  # the actor is gone: nothing more to take
+            ray.wait([child.poll_ref], timeout=CALL_TIMEOUT_S)
+            self._answer(child)
+
+    def _restart_or_fail(self, child: _Child, failure: ChildFailure) -> ChildFailure | None:
+        progressed = child.steps > 0
+        self._kill(child)
+        if self.hub is not None and child.role.role == "worker":
+            for field in _transport_fields(self.state):
+                self.hub.forget.remote(field, child.role.rank)
+        child.base_steps += child.steps
+        child.steps = 0
+        child.in_a_row = self.policy.in_a_row(child.in_a_row, progressed)
+        decision = self.policy.decide(child.role.role, child.restarts, child.in_a_row)
+        if decision.delay is None:
+            child.done = True
+            return attrs.evolve(failure, reason=failure.reason + decision.why_not)
+        child.restarts += 1
+        child.restart_at = time.monotonic() + decision.delay
+        self._event(
+            "restart",
+            f"{failure.who} {failure.reason}; restarting it in {decision.delay:.1f} s "
+            f"(restart {child.restarts} of {self.policy.max_restarts})",
+            rank=child.role.rank,
+            restarts=child.restarts,
+            reason=failure.reason,
+            traceback=failure.traceback,
+        )
+        return None
+
+    def _stop(self) -> list[ChildFailure]:
+        """Stop flag to every actor, a bounded wait for their functions to return, the train
+        process's final state, then every actor killed."""
+        import ray
+
+        self._poll_all(stop=True, wait_s=0.0)
+        running = [c for c in self.children if c.live()]
+        deadline = time.monotonic() + STOP_GRACE_S
+        while time.monotonic() < deadline:
+            left = [c.run_ref for c in running if not _ready(c.run_ref)]
+            if not left:
+                break
+            ray.wait(left, num_returns=len(left), timeout=min(0.25, deadline - time.monotonic()))
+            self._poll_all(stop=False, wait_s=0.0)
+        failures = []
+        for child in running:
+            if not _ready(child.run_ref):
+                self._event(
+                    "kill",
+                    f"{child.role.who} did not stop within {STOP_GRACE_S:g} s; killing its actor",
+                    rank=child.role.rank,
+                )
+                continue
+            try:
+                result = ray.get(child.run_ref, timeout=CALL_TIMEOUT_S)
+            except ray.exceptions.RayError:
+                continue
+            self._last_poll(child)
+            if result["code"] != 0:
+                failures.append(base.failure(child.role, 1, result["traceback"], reason="raised"))
+        trainer = next((c for c in running if c.role.role == "trainer"), None)
+        if trainer is not None and trainer.actor is not None and _ready(trainer.run_ref):
+            with contextlib.suppress(Exception):  # gone: the last synced state is kept
+                ref = trainer.actor.poll.remote(True, sum(self._steps()), True, None)
+                out = ray.get(ref, timeout=CALL_TIMEOUT_S)
+                if out.get("state"):
+                    self._load_state(out["state"])
+        for child in self.children:
+            self._kill(child)
+            child.done = True
+        return failures
+
+
+def _transport_fields(state: Any) -> list[str]:
+    from mprl.backends.ray.transport import RayRollouts
+
+    return [v.field for v in vars(state).values() if isinstance(v, RayRollouts)] if state else []
+
+
+def _ready(ref: Any) -> bool:
+    import ray
+
+    if ref is None:
+        return False
+    done, _ = ray.wait([ref], timeout=0)
+    return bool(done)
+
+
+def _cause(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:300] if text else type(exc).__name__
