@@ -56,8 +56,8 @@ class ActorChannel:
         self.beat(slot)
 
     def episode(self, slot: int, source: str, episode_return: float, episode_length: int) -> None:
-        record = episode_record(source, self.env_steps(), time.time(), episode_return, episode_length)
-        self.send(slot, record)
+        now, steps = time.time(), self.env_steps()
+        self.send(slot, episode_record(source, steps, now, episode_return, episode_length))
 
     def flush(self) -> None:
         pass  # the driver's poll takes the records

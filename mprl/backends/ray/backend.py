@@ -49,8 +49,7 @@ REFUSED = {
     "Tensor": "a Tensor is shared memory of one machine; on --backend ray use Array or Value "
     "(Manager kinds, shared across nodes) for small data, Rollouts or Weights for bulk data",
     "ReplayBuffer": "not built on --backend ray yet; use --backend local",
-    "Counter": "not built on --backend ray yet; use a PerWorker or Value field, or "
-    "--backend local",
+    "Counter": "not built on --backend ray yet; use a PerWorker or Value field, or --backend local",
     "Module": "not built on --backend ray yet; keep the module in the train process, or "
     "use --backend local",
 }
@@ -63,7 +62,9 @@ def learner_resources(text: str) -> dict[str, float]:
     try:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise UsageError(f'--learner-resources {text!r}: not JSON ({exc}); e.g. \'{{"GPU": 1}}\'')
+        raise UsageError(
+            f"--learner-resources {text!r}: not JSON ({exc}); e.g. '{{\"GPU\": 1}}'"
+        ) from None
     if not isinstance(value, dict) or not all(
         isinstance(k, str) and isinstance(v, int | float) and not isinstance(v, bool) and v >= 0
         for k, v in value.items()
@@ -225,7 +226,8 @@ class _RayRun:
                 return Outcome("failed", [ChildFailure("Ray cluster", -1, None, reason)])
             from mprl.backends.ray.transport import Hub, RayStateBuilder
 
-            self.hub = ray.remote(Hub).options(num_cpus=0, scheduling_strategy=self._here()).remote()
+            hub = ray.remote(Hub).options(num_cpus=0, scheduling_strategy=self._here())
+            self.hub = hub.remote()
             if self.job.algorithm.schema.needs_manager():
                 manager = self._start_manager()
             builder = RayStateBuilder(manager, self.hub, self.job.model)
@@ -266,8 +268,9 @@ class _RayRun:
     def _start_manager(self) -> Any:
         """A Manager server on this node's address with the run's key, reachable by every
         node; the same objects the local backend's Manager holds."""
-        import ray
         from multiprocessing.managers import SyncManager
+
+        import ray
 
         from mprl.backends.local.backend import _child_environment, _init_manager
 
@@ -379,7 +382,7 @@ class _RayRun:
 
         try:
             where = ray.get(child.where_ref, timeout=CALL_TIMEOUT_S)
-        except Exception:  # noqa: BLE001 - the actor died; its run ref says how
+        except Exception:  # the actor died; its run ref says how
             where = None
         child.where_ref = None
         if where is None:
@@ -387,7 +390,8 @@ class _RayRun:
         child.node = where["ip"]
         self._event(
             "placed",
-            f"{child.role.who} runs on node {where['ip']} ({where['node_id'][:8]}, pid {where['pid']})",
+            f"{child.role.who} runs on node {where['ip']} ({where['node_id'][:8]}, "
+            f"pid {where['pid']})",
             rank=child.role.rank,
             node=where["ip"],
             node_id=where["node_id"],
@@ -400,7 +404,7 @@ class _RayRun:
         ref, child.poll_ref = child.poll_ref, None
         try:
             out = ray.get(ref, timeout=CALL_TIMEOUT_S)
-        except Exception:  # noqa: BLE001 - the actor is gone: its run ref says how
+        except Exception:  # the actor is gone: its run ref says how
             return
         child.answered = True
         child.steps = out["steps"]
