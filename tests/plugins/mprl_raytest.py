@@ -1,0 +1,135 @@
+"""A plugin of the classic program's shape for the Ray backend's tests (see test_ray.py).
+
+Algorithm ``relay``: workers meet at a Barrier, play CartPole with ``ctx.model`` and put whole
+episodes on a Queue; the train process takes them, counts updates in a Value and a List
+changed together under a Lock, and marks the model (``marker`` = its update count), so a test
+can see that workers on other nodes act with the train process's model. Faults on request, like
+the probe plugin's: ``--set fault=raise|sigkill|hang`` at a worker's ``fault_at_step``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import attrs
+import numpy as np
+import torch
+
+import mprl
+from mprl import schema
+
+
+@attrs.frozen
+class RelayConfig:
+    fault: str = attrs.field(default="none", metadata={"help": "none, raise, sigkill, hang"})
+    fault_rank: int = attrs.field(default=0, metadata={"help": "the worker with the fault"})
+    fault_at_step: int = attrs.field(default=200, metadata={"help": "its step of the fault"})
+    fault_times: int = attrs.field(default=1, metadata={"help": "incarnations with the fault"})
+    step_sleep: float = attrs.field(default=0.0, metadata={"help": "seconds per step"})
+
+
+class Marked(torch.nn.Module):
+    def __init__(self, n_obs: int, n_act: int) -> None:
+        super().__init__()
+        self.policy = torch.nn.Linear(n_obs, n_act)
+        self.marker = torch.nn.Parameter(torch.zeros(1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.policy(x)
+
+
+SCHEMA = schema.Schema(
+    episodes=schema.Queue(maxsize=64),
+    steps=schema.PerWorker(0),  # env steps each worker put on the queue
+    met=schema.PerWorker(False),  # passed the barrier
+    saw=schema.PerWorker(0.0),  # the largest model marker each worker acted with
+    losses=schema.List(),
+    updates=schema.Value("i", 0),
+    lock=schema.Lock(),
+    gate=schema.Barrier(),
+)
+
+
+def make_model(obs_space, act_space, config):
+    return Marked(int(np.prod(obs_space.shape)), int(act_space.n))
+
+
+def make_optimizer(params, config):
+    return torch.optim.SGD(params, lr=0.01)
+
+
+def _fault(ctx: mprl.Context) -> None:
+    fault = ctx.config.fault
+    if fault == "raise":
+        raise RuntimeError(f"injected failure in {ctx.source}")
+    if fault == "sigkill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if fault == "hang":
+        threading.Event().wait(3600)  # no heartbeat from here on
+
+
+def worker(ctx: mprl.Context) -> None:
+    cfg: RelayConfig = ctx.config
+    env = ctx.make_env()
+    state = ctx.state
+    if ctx.restarts == 0:
+        state.gate.wait(timeout=120)  # every worker of the first start meets here
+    state.met[ctx.rank] = True
+    faulty = cfg.fault != "none" and ctx.rank == cfg.fault_rank and ctx.restarts < cfg.fault_times
+    steps, saw = 0, 0.0
+    while not ctx.should_stop():
+        obs, _ = env.reset()
+        done, length, ret = False, 0, 0.0
+        while not done:
+            if faulty and steps == cfg.fault_at_step:
+                _fault(ctx)
+            with torch.no_grad():
+                logits = ctx.model(torch.as_tensor(obs, dtype=torch.float32))
+                saw = max(saw, float(ctx.model.marker))
+            action = int(torch.distributions.Categorical(logits=logits).sample())
+            obs, reward, term, trunc, _ = env.step(action)
+            done, length, ret, steps = term or trunc, length + 1, ret + float(reward), steps + 1
+            ctx.add_steps(1)
+            if cfg.step_sleep:
+                time.sleep(cfg.step_sleep)
+        ctx.log_episode(ret, length)
+        state.steps[ctx.rank] += length
+        state.saw[ctx.rank] = saw
+        if not ctx.put(state.episodes, (ctx.rank, length)):
+            return
+
+
+def train(ctx: mprl.Context) -> None:
+    state, model = ctx.state, ctx.model
+    while (episode := ctx.get(state.episodes)) is not None:
+        _, length = episode
+        loss = model(torch.zeros(1, model.policy.in_features)).sum() * 0.0
+        ctx.optimizer.zero_grad()
+        loss.backward()
+        ctx.optimizer.step()
+        with state.lock:  # the list and the count change together
+            state.losses.append(length)
+            state.updates.value += 1
+            n = state.updates.value
+        with torch.no_grad():
+            model.marker.fill_(float(n))
+
+
+@mprl.hookimpl
+def mprl_register_algorithms(register):
+    register(
+        mprl.Algorithm(
+            name="relay",
+            config_cls=RelayConfig,
+            make_model=make_model,
+            make_optimizer=make_optimizer,
+            worker=worker,
+            train=train,
+            schema=SCHEMA,
+            default_env="CartPole-v1",
+            description="test plugin: the classic program's shape, for the Ray backend",
+        )
+    )

@@ -1,0 +1,313 @@
+"""The Ray backend on a real multi-node cluster on this machine (``ray.cluster_utils.Cluster``):
+a head and two worker nodes, started once for the module. Runs go through the CLI, as a user
+starts them, joined to the cluster with ``--ray-address``.
+
+Every node has 2 CPUs and the tests give each worker ``--worker-cpus 2``, so two workers can only
+be placed on two distinct nodes; the head (1 CPU) hosts the train process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tests.conftest import (
+    HERE,
+    clean_stderr,
+    cli,
+    marked_pids,
+    read_metrics,
+    running,
+    shm_entries,
+    wait_for_metrics,
+    write_distribution,
+)
+
+ray = pytest.importorskip("ray")
+from ray.cluster_utils import Cluster  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+WORKER = ["--worker-cpus", "2"]  # a whole node each: two workers, two nodes
+
+
+def _ray_processes(title: str) -> list[int]:
+    """Live processes whose command line starts with ``ray::TITLE`` (an actor's process)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if cmd.startswith(f"ray::{title}"):
+            out.append(int(entry.name))
+    return out
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """A head (1 CPU) and two worker nodes (2 CPUs each), with the test plugin installed where
+    every node's Python finds it. Ray's temp dir and ``HOME`` are this module's own."""
+    site = tmp_path_factory.mktemp("raysite")
+    source = (HERE / "plugins" / "mprl_raytest.py").read_text()
+    write_distribution(site, "mprl-raytest", {"raytest": "mprl_raytest"}, {"mprl_raytest": source})
+    temp = Path(tempfile.mkdtemp(prefix="ray-", dir="/tmp"))  # short: Ray's socket paths
+    (temp / "ray").mkdir()  # where RAY_TMPDIR points Ray
+    env = pytest.MonkeyPatch()
+    env.setenv("HOME", str(tmp_path_factory.mktemp("home")))
+    env.setenv("RAY_TMPDIR", str(temp))
+    env.setenv("PYTHONPATH", os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]))
+    env.delenv("RAY_ADDRESS", raising=False)
+    env.syspath_prepend(str(site))
+    made = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 1, "temp_dir": str(temp / "ray"), "include_dashboard": False},
+    )
+    try:
+        made.add_node(num_cpus=2)
+        made.add_node(num_cpus=2)
+        made.wait_for_nodes(timeout=120)
+        yield made
+    finally:
+        made.shutdown()
+        env.undo()
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def no_leftovers(monkeypatch: pytest.MonkeyPatch, cluster: Cluster) -> Iterator[None]:
+    """This module's leftover check (the cluster's own processes live as long as the module):
+    no actor process of a run, no process the test started, no new shared memory."""
+    mark = uuid.uuid4().hex
+    monkeypatch.setenv("MPRL_TEST_MARK", mark)
+    before = shm_entries()
+    yield
+    deadline = time.monotonic() + 15  # Ray reaps a killed actor's process asynchronously
+    while time.monotonic() < deadline:
+        actors = _ray_processes("ChildActor") + _ray_processes("Hub")
+        orphans = marked_pids(mark)
+        if not actors and not orphans:
+            break
+        time.sleep(0.2)
+    assert not actors, f"actor processes left behind: {actors}"
+    assert not orphans, f"processes left behind: {orphans}"
+    assert not shm_entries() - before, f"shared memory left: {shm_entries() - before}"
+
+
+def run_ray(cluster: Cluster, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return cli("run", "--backend", "ray", "--ray-address", cluster.address, *args, timeout=timeout)
+
+
+def placed(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Who ran where: the last ``placed`` event of each process, by its name."""
+    out = {}
+    for r in records:
+        if r.get("event") == "placed":
+            who = "trainer" if r["rank"] < 0 else f"worker {r['rank']}"
+            out[who] = r
+    return out
+
+
+def test_impala_spreads_workers_over_nodes_and_resumes_on_the_local_backend(cluster, tmp_path):
+    run_dir = tmp_path / "run"
+    done = run_ray(cluster, "--plugin", "impala", "--workers", "2", *WORKER,
+                   "--total-steps", "20000", "--run-dir", str(run_dir))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    clean_stderr(done.stderr)
+    where = placed(read_metrics(run_dir))
+    assert set(where) == {"trainer", "worker 0", "worker 1"}
+    assert where["worker 0"]["node_id"] != where["worker 1"]["node_id"]
+    assert "runs on node" in done.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "finished" and summary["env_steps"] >= 20000
+    saved = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
+    assert saved["shared_state"]["weights"]["version"] > 0  # the learner published updates
+    assert saved["steps"][:2] == summary["per_worker_steps"][:2]
+    # the train process's model reached the driver: the checkpoint is not the initial model
+    again = cli("run", "--resume", str(run_dir), "--backend", "local", "--total-steps", "30000")
+    assert again.returncode == 0, again.stderr
+    resumed = json.loads((run_dir / "summary.json").read_text())
+    assert resumed["env_steps"] >= 30000
+    last = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
+    assert last["shared_state"]["weights"]["version"] > saved["shared_state"]["weights"]["version"]
+
+
+def test_ppo_from_the_local_backend_resumes_on_ray(cluster, tmp_path):
+    run_dir = tmp_path / "run"
+    first = cli("run", "--plugin", "ppo", "--workers", "2", "--total-steps", "4000",
+                "--run-dir", str(run_dir))  # fmt: skip
+    assert first.returncode == 0, first.stderr
+    version = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["shared_state"]
+    again = run_ray(cluster, "--resume", str(run_dir), *WORKER, "--total-steps", "12000")
+    assert again.returncode == 0, again.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["env_steps"] >= 12000
+    last = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["shared_state"]
+    assert last["weights"]["version"] > version["weights"]["version"]  # ppo learned on Ray
+
+
+def test_the_classic_shape_works_across_nodes(cluster, tmp_path):
+    """Barrier, Queue, List, Value, Lock and PerWorker fields shared by actors on three nodes,
+    and workers acting with the train process's model (``ctx.model`` follows it)."""
+    run_dir = tmp_path / "run"
+    done = run_ray(cluster, "--plugin", "relay", "--workers", "2", *WORKER,
+                   "--total-steps", "6000", "--run-dir", str(run_dir))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    state = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["shared_state"]
+    assert state["met"] == [True, True]  # both passed the barrier
+    assert state["updates"] == len(state["losses"]) > 0  # changed together under the lock
+    assert sum(state["losses"]) <= sum(state["steps"])  # episodes came through the queue
+    assert all(saw > 0 for saw in state["saw"])  # both acted with an updated model
+    where = placed(read_metrics(run_dir))
+    assert len({r["node_id"] for r in where.values()}) == 3
+
+
+def test_a_sigkilled_worker_actor_is_restarted(cluster, tmp_path):
+    run_dir = tmp_path / "run"
+    args = ["--backend", "ray", "--ray-address", cluster.address, "--plugin", "relay",
+            "--workers", "2", *WORKER, "--max-restarts", "1", "--total-steps", "400000",
+            "--set", "step_sleep=0.001", "--run-dir", str(run_dir)]  # fmt: skip
+    with running(args) as proc:
+        records = wait_for_metrics(
+            run_dir, lambda r: r.get("event") == "placed" and r["rank"] == 1, timeout=120
+        )
+        wait_for_metrics(run_dir, lambda r: "episode_return" in r, timeout=120)
+        victim = placed(records)["worker 1"]["pid"]
+        os.kill(victim, signal.SIGKILL)
+        wait_for_metrics(run_dir, lambda r: r.get("event") == "restart", timeout=60)
+        records = wait_for_metrics(
+            run_dir,
+            lambda r: r.get("event") == "placed" and r["rank"] == 1 and r["pid"] != victim,
+            timeout=120,
+        )
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    restart = next(r for r in read_metrics(run_dir) if r.get("event") == "restart")
+    assert restart["rank"] == 1 and "its actor died" in restart["message"]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["restarts"] == [0, 1]
+
+
+def test_a_lost_node_moves_its_worker_to_another(cluster, tmp_path, monkeypatch):
+    with monkeypatch.context() as env:  # the node outlives the test: not one of its processes
+        env.delenv("MPRL_TEST_MARK")
+        spare = cluster.add_node(num_cpus=2)
+    cluster.wait_for_nodes(timeout=120)
+    run_dir = tmp_path / "run"
+    args = ["--backend", "ray", "--ray-address", cluster.address, "--plugin", "relay",
+            "--workers", "2", *WORKER, "--max-restarts", "1", "--total-steps", "400000",
+            "--set", "step_sleep=0.001", "--run-dir", str(run_dir)]  # fmt: skip
+    removed = None
+    try:
+        with running(args) as proc:
+            wait_for_metrics(run_dir, lambda r: r.get("event") == "placed", timeout=120)
+            deadline = time.monotonic() + 120
+            while len(placed(read_metrics(run_dir))) < 3 and time.monotonic() < deadline:
+                time.sleep(0.2)
+            where = placed(read_metrics(run_dir))
+            nodes = {n.node_id: n for n in cluster.list_all_nodes()}
+            rank, node_id = next(
+                (r["rank"], r["node_id"]) for who, r in where.items()
+                if who.startswith("worker") and nodes[r["node_id"]] is not cluster.head_node
+            )  # fmt: skip
+            removed = nodes[node_id]
+            cluster.remove_node(removed, allow_graceful=False)
+            records = wait_for_metrics(
+                run_dir,
+                lambda r: r.get("event") == "placed" and r["rank"] == rank
+                and r["node_id"] != node_id,
+                timeout=180,
+            )  # fmt: skip
+            proc.send_signal(signal.SIGINT)
+            _, stderr = proc.communicate(timeout=60)
+        assert proc.returncode == 130, stderr
+        restart = next(r for r in records if r.get("event") == "restart")
+        assert restart["rank"] == rank and "its actor died" in restart["message"]
+    finally:  # the tests after this one keep a head and two worker nodes
+        if removed is None:
+            cluster.remove_node(spare)
+
+
+def test_sigint_stops_the_run_saves_a_checkpoint_and_leaves_no_actor(cluster, tmp_path):
+    run_dir = tmp_path / "run"
+    args = ["--backend", "ray", "--ray-address", cluster.address, "--plugin", "relay",
+            "--workers", "2", *WORKER, "--total-steps", "400000",
+            "--set", "step_sleep=0.001", "--run-dir", str(run_dir)]  # fmt: skip
+    with running(args) as proc:
+        wait_for_metrics(run_dir, lambda r: "episode_return" in r, timeout=120)
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=60)
+        took = time.monotonic() - sent
+    assert proc.returncode == 130, stderr
+    assert took < 10, took
+    clean_stderr(stderr)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    saved = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
+    assert summary["status"] == "interrupted"
+    assert sum(saved["steps"]) == summary["env_steps"] > 0
+    assert not _ray_processes("ChildActor")  # gone when the driver exits, not later
+
+
+def test_a_crash_reports_the_remote_traceback_role_rank_and_node(cluster, tmp_path):
+    done = run_ray(cluster, "--plugin", "relay", "--workers", "2", *WORKER,
+                   "--set", "fault=raise", "--set", "fault_rank=1",
+                   "--run-dir", str(tmp_path / "run"))  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    assert "worker 1" in done.stderr and "RuntimeError: injected failure in worker:1" in done.stderr
+    node = placed(read_metrics(tmp_path / "run"))["worker 1"]["node"]
+    assert f"on node {node}" in done.stderr
+
+
+def test_what_cannot_run_on_ray_is_refused_before_anything_starts(cluster, tmp_path, installed):
+    cases = {
+        ("--plugin", "a3c"): "Hogwild",
+        ("--plugin", "probe"): "field 'seen' (Tensor)",
+        ("--plugin", "impala", "--learner-resources", "GPU"): "--learner-resources 'GPU'",
+    }
+    for args, message in cases.items():
+        done = run_ray(cluster, *args, "--run-dir", str(tmp_path / "never"))
+        assert done.returncode == 2, (args, done.stderr)
+        assert message in done.stderr, (args, done.stderr)
+        assert not (tmp_path / "never").exists()
+    big = run_ray(cluster, "--plugin", "impala", "--workers", "8", *WORKER,
+                  "--run-dir", str(tmp_path / "big"))  # fmt: skip
+    assert big.returncode == 1 and "the Ray cluster cannot hold this run" in big.stderr
+
+
+def test_without_ray_installed_the_backend_says_what_to_install(tmp_path):
+    code = (
+        "import sys; sys.modules['ray'] = None\n"
+        "from mprl.tools.cli import main\n"
+        f"sys.exit(main(['run', '--plugin', 'impala', '--backend', 'ray', '--run-dir', "
+        f"{str(tmp_path / 'r')!r}]))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert 'pip install "mprl[ray]"' in done.stderr
+
+
+def test_with_no_address_the_run_starts_ray_for_itself_and_stops_it(tmp_path, monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    run_dir = tmp_path / "run"
+    done = cli("run", "--plugin", "impala", "--backend", "ray", "--workers", "1",
+               "--total-steps", "3000", "--run-dir", str(run_dir), timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    # its Ray (gcs_server, raylet, workers) was started by the run: the leftover check finds
+    # any of them by the test's mark in their environment
