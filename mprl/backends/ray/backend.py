@@ -22,8 +22,10 @@ import json
 import multiprocessing as mp
 import os
 import secrets
+import shutil
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -165,6 +167,8 @@ class _RayRun:
         self.last_sync = time.monotonic()
         self.state: Any = None
         self._stopped = False
+        self.session_dir: Path | None = None  # an embedded Ray's, removed after the run
+        self.failed = True  # until the run ends without failures
 
     # -- connection ----------------------------------------------------------------------------
 
@@ -184,11 +188,27 @@ class _RayRun:
         ray.init(
             address="local",
             num_cpus=max(os.cpu_count() or 1, int(-(-need // 1))),
-            num_gpus=None,
             include_dashboard=False,
             **quiet,
         )
+        with contextlib.suppress(Exception):  # Ray's logs of this run: removed unless it fails
+            node = ray._private.worker._global_node  # no public accessor
+            self.session_dir = Path(node.get_session_dir_path())
         return True
+
+    def _remove_session(self, failed: bool) -> None:
+        """Remove the embedded Ray's session directory (its logs), unless the run failed."""
+        session = self.session_dir
+        if session is None:
+            return
+        if failed:
+            self._event("ray-logs", f"Ray's logs of this run are in {session}/logs")
+            return
+        shutil.rmtree(session, ignore_errors=True)
+        latest = session.parent / "session_latest"
+        with contextlib.suppress(OSError):
+            if latest.is_symlink() and Path(os.readlink(latest)) in (session, Path(session.name)):
+                latest.unlink()
 
     def _cpus_needed(self) -> float:
         workers = self.job.run.workers * self.job.run.worker_cpus
@@ -244,6 +264,7 @@ class _RayRun:
             shutdown_s = time.monotonic() - stop_start
             self._on_stop()
             restarts = tuple(c.restarts for c in self.children if c.role.role == "worker")
+            self.failed = bool(failures)
             return Outcome(reason, failures, restarts, round(shutdown_s, 3))
         finally:
             for child in self.children:
@@ -257,6 +278,7 @@ class _RayRun:
                 manager.shutdown()
             if connected:  # a runtime this run started stops; a cluster stays up
                 ray.shutdown()
+                self._remove_session(failed=self.failed)
 
     def _here(self) -> Any:
         """Pin an actor to the driver's node (it survives the loss of any other node)."""
