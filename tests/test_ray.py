@@ -275,6 +275,16 @@ def test_a_crash_reports_the_remote_traceback_role_rank_and_node(cluster, tmp_pa
     assert f"on node {node}" in done.stderr
 
 
+def test_a_hung_actor_is_killed_and_reported(cluster, tmp_path):
+    done = run_ray(cluster, "--plugin", "relay", "--workers", "2", *WORKER,
+                   "--set", "fault=hang", "--worker-timeout", "3",
+                   "--run-dir", str(tmp_path / "run"))  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    assert "worker 0" in done.stderr and "hung: no heartbeat for" in done.stderr
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["failures"][0]["rank"] == 0
+
+
 def test_what_cannot_run_on_ray_is_refused_before_anything_starts(cluster, tmp_path, installed):
     cases = {
         ("--plugin", "a3c"): "Hogwild",

@@ -20,6 +20,7 @@ import ray
 import torch
 
 from mprl.backends import base
+from mprl.backends.ray import transport
 from mprl.context import Context, episode_record
 
 
@@ -76,6 +77,12 @@ class ChildActor:
         mp.current_process().authkey = authkey
         self.channel = ActorChannel()
         self.ctx: Context | None = None
+        self.hub = transport.Hub()  # used when this actor hosts the run's transport
+        transport.serve(self.hub)
+
+    def hub_call(self, method: str, *args: Any) -> Any:
+        """A call to the run's transport hub (:class:`mprl.backends.ray.transport.Hub`)."""
+        return getattr(self.hub, method)(*args)
 
     def where(self) -> dict[str, Any]:
         """The node this actor runs on."""

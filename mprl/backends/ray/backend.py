@@ -7,8 +7,8 @@ step), restarts or stops them, and writes every checkpoint to the run directory.
 - Manager kinds live in a Manager server started by the driver and reached over TCP at the
   driver's node address, with a random per-run key (never an open port without
   authentication): the same objects, so the same semantics, as on the local backend.
-- Rollouts and weights go through Ray's object store and a small hub actor
-  (:mod:`mprl.backends.ray.transport`).
+- Rollouts and weights go to a hub in the train process's actor, inline when small, through
+  Ray's object store when large (:mod:`mprl.backends.ray.transport`).
 - The train process's model and optimizers are fetched every :data:`SYNC_S` seconds: they are
   what checkpoints and the policy check read, and workers' ``ctx.model`` follows them.
 - Shared-memory kinds (``Tensor``) and Hogwild (workers training one shared model) need one
@@ -189,6 +189,8 @@ class _RayRun:
             address="local",
             num_cpus=max(os.cpu_count() or 1, int(-(-need // 1))),
             include_dashboard=False,
+            # Ray starts workers at nice 15; the run's processes are the work here
+            _system_config={"worker_niceness": 0},
             **quiet,
         )
         with contextlib.suppress(Exception):  # Ray's logs of this run: removed unless it fails
@@ -244,10 +246,9 @@ class _RayRun:
         try:
             if reason := self._too_big():
                 return Outcome("failed", [ChildFailure("Ray cluster", -1, None, reason)])
-            from mprl.backends.ray.transport import Hub, RayStateBuilder
+            from mprl.backends.ray.transport import RayStateBuilder
 
-            hub = ray.remote(Hub).options(num_cpus=0, scheduling_strategy=self._here())
-            self.hub = hub.remote()
+            self.hub = self._hub_host()
             if self.job.algorithm.schema.needs_manager():
                 manager = self._start_manager()
             builder = RayStateBuilder(manager, self.hub, self.job.model)
@@ -273,7 +274,7 @@ class _RayRun:
                 with contextlib.suppress(Exception):
                     self._on_stop()
             if self.hub is not None:
-                ray.kill(self.hub)
+                ray.kill(self.hub, no_restart=True)
             if manager is not None:
                 manager.shutdown()
             if connected:  # a runtime this run started stops; a cluster stays up
@@ -332,12 +333,39 @@ class _RayRun:
                 continue
             deadline = time.monotonic() + interval
             while time.monotonic() < deadline:
-                self._poll_all(stop=False)
+                tick = time.monotonic()
+                self._poll_all(stop=False, wait_s=0.05)
                 if reason := self._stop_reason():
                     return reason
+                self._pause(min(deadline, tick + base.TICK_S))
         return None
 
-    def _start(self, child: _Child) -> None:
+    def _hub_host(self) -> Any:
+        """The actor that hosts the run's transport hub: the train process's (made now, before
+        the shared state that names it), or, in a run without one, an actor of its own pinned
+        to the driver's node."""
+        import ray
+
+        from mprl.backends.ray.actor import ChildActor
+
+        trainer = next((c for c in self.children if c.role.role == "trainer"), None)
+        if trainer is not None:
+            self._new_actor(trainer)
+            return trainer.actor
+        options = {"num_cpus": 0, "scheduling_strategy": self._here()}
+        concurrency = self.job.run.workers + 4
+        return (
+            ray.remote(ChildActor)
+            .options(max_concurrency=concurrency, **options)
+            .remote(self.authkey)
+        )
+
+    def _threads(self, child: _Child) -> int:
+        learner = self.learner.get("CPU", 1.0)
+        cpus = self.job.run.worker_cpus if child.role.role == "worker" else learner
+        return self.job.run.torch_threads or max(1, int(cpus or 1))
+
+    def _new_actor(self, child: _Child) -> None:
         import ray
 
         from mprl.backends.ray.actor import ChildActor
@@ -345,15 +373,22 @@ class _RayRun:
         job, role = self.job, child.role
         if role.role == "worker":
             options = {"num_cpus": job.run.worker_cpus, "scheduling_strategy": "SPREAD"}
-        else:
+            concurrency = 4  # run, poll, and room to spare
+        else:  # it hosts the hub too: every worker may be waiting in it at once
             options = _actor_options(self.learner)
-        threads = job.run.torch_threads or max(1, int(options.get("num_cpus") or 1))
-        env = {k: str(threads) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+            concurrency = job.run.workers + 4
+        env = {k: str(self._threads(child)) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
         child.actor = (
             ray.remote(ChildActor)
-            .options(max_concurrency=4, runtime_env={"env_vars": env}, **options)
+            .options(max_concurrency=concurrency, runtime_env={"env_vars": env}, **options)
             .remote(self.authkey)
         )
+
+    def _start(self, child: _Child) -> None:
+        job, role = self.job, child.role
+        if child.actor is None:
+            self._new_actor(child)
+        threads = self._threads(child)
         child.where_ref = child.actor.where.remote()
         context = job.context(role, self.state, None, child.restarts)  # type: ignore[arg-type]
         child.run_ref = child.actor.run.remote(job.function(role), context, threads)
@@ -380,7 +415,9 @@ class _RayRun:
         want_state = self.job.algorithm.train is not None and now - self.last_sync >= SYNC_S
         total = sum(self._steps())
         for child in self.children:
-            if not child.live() or (child.poll_ref is not None and not stop):
+            if not child.live() or (
+                not stop and (child.poll_ref is not None or now - child.poll_sent < base.TICK_S)
+            ):
                 continue
             is_trainer = child.role.role == "trainer"
             model = None
@@ -457,7 +494,8 @@ class _RayRun:
         cores = os.cpu_count() or 1
         startup = STARTUP_TIMEOUT_S * max(1.0, len(self.children) / cores)
         while True:
-            self._poll_all(stop=False)
+            tick = time.monotonic()
+            self._poll_all(stop=False, wait_s=0.05)
             asked = self._stop_reason()
             if asked is not None and asked.startswith("SIG"):
                 return asked, []
@@ -494,6 +532,20 @@ class _RayRun:
             done = [c.role for c in self.children if c.done]
             if reason := base.end_reason(self.job, done) or asked:
                 return reason, []
+            self._pause(tick + base.TICK_S)
+
+    def _pause(self, until: float) -> None:
+        """Wait until ``until``, or until a child's function returns or its actor dies."""
+        import ray
+
+        runs = [c.run_ref for c in self.children if c.live()]
+        left = until - time.monotonic()
+        if left <= 0:
+            return
+        if runs:
+            ray.wait(runs, num_returns=1, timeout=left)
+        else:
+            time.sleep(left)
 
     def _silence(self, child: _Child, now: float) -> float | None:
         """Seconds since ``child`` last showed life: its heartbeat's age at the last answer,
@@ -539,7 +591,7 @@ class _RayRun:
         self._kill(child)
         if self.hub is not None and child.role.role == "worker":
             for field in _transport_fields(self.state):
-                self.hub.forget.remote(field, child.role.rank)
+                self.hub.hub_call.remote("forget", field, child.role.rank)
         child.base_steps += child.steps
         child.steps = 0
         child.in_a_row = self.policy.in_a_row(child.in_a_row, progressed)
@@ -598,7 +650,8 @@ class _RayRun:
                 if out.get("state"):
                     self._load_state(out["state"])
         for child in self.children:
-            self._kill(child)
+            if child.actor is not self.hub:  # the hub answers the final checkpoint
+                self._kill(child)
             child.done = True
         return failures
 

@@ -1,12 +1,11 @@
-"""The schema's transport fields across Ray nodes: rollouts and weights through Ray's object store.
+"""The schema's transport fields across Ray nodes: rollouts and weights, one hop each.
 
-Bulk data never goes through an actor: a worker puts a committed rollout in the object store
-(``ray.put``, one copy, zero-copy reads on the learner's node) and hands its reference to the
-run's :class:`Hub`, a small async actor on the driver's node that keeps only references and
-counts. The hub gives the learner references in commit order and tells a worker when its rank
-has room again (``slots_per_worker`` rollouts not yet taken: the local backend's back-pressure).
-Weights are published the same way: the learner puts its floating-point tensors and the hub
-keeps the newest reference and its version.
+The run's :class:`Hub` lives in the train process's actor. A worker commits a rollout with one
+call to it (the data inside the call when small, else a reference into Ray's object store, which
+the learner reads zero-copy on its node); the learner takes rollouts in commit order and
+publishes weights with no remote call at all. The answer to a commit carries the rank's queued
+count (back-pressure: ``slots_per_worker`` rollouts not yet taken, as on the local backend) and
+any newer weights, so a worker's next acquire and pull usually cost no call either.
 
 Every wait is a remote call of at most :data:`WAIT_SLICE_S`, so a waiting process looks at the
 run's stop flag (and beats its heartbeat) that often; waits return ``None`` once the run stops,
@@ -15,8 +14,9 @@ as on the local backend.
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import copy
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
@@ -41,101 +41,143 @@ def _never() -> bool:
 
 
 class Hub:
-    """The run's meeting point for transport (an async Ray actor on the driver's node).
+    """The run's meeting point for transport, hosted by the train process's actor (so the
+    learner takes rollouts and publishes weights with no remote call) or, in a run without
+    one, by an actor of its own. Thread-safe: each call runs in one of the actor's threads.
 
-    Per rollouts field: a queue of ``(rank, [ref])`` in commit order and how many each rank has
-    queued. Per weights field: the newest ``(version, [ref])``. References travel wrapped in a
-    list, so Ray hands them over instead of resolving them.
+    Per rollouts field: a queue of ``(rank, payload)`` in commit order and how many each rank has
+    queued. Per weights field: the newest ``(version, payload)``. A payload is a
+    :func:`_pack`: the data itself when small, else a reference into the object store.
     """
 
     def __init__(self) -> None:
         self.queues: dict[str, deque[tuple[int, list[Any]]]] = {}
         self.queued: dict[str, dict[int, int]] = {}
         self.weights: dict[str, tuple[int, list[Any]]] = {}
-        self._changed: asyncio.Condition | None = None
+        self._changed = threading.Condition()
 
-    def _cond(self) -> asyncio.Condition:
-        if self._changed is None:  # made on the actor's event loop
-            self._changed = asyncio.Condition()
-        return self._changed
-
-    async def _notify(self) -> None:
-        async with self._cond():
-            self._cond().notify_all()
-
-    async def _until(self, ready: Callable[[], Any], timeout: float) -> Any:
-        cond = self._cond()
-        async with cond:
-            try:
-                await asyncio.wait_for(cond.wait_for(lambda: ready() is not None), timeout)
-            except asyncio.TimeoutError:
-                return None
-        return ready()
+    def _until(self, ready: Callable[[], Any], timeout: float) -> Any:
+        with self._changed:
+            self._changed.wait_for(lambda: ready() is not None, timeout)
+            return ready()
 
     # -- rollouts ------------------------------------------------------------------------------
 
-    async def put(self, field: str, rank: int, ref: list[Any]) -> None:
-        self.queues.setdefault(field, deque()).append((rank, ref))
+    def put(
+        self, field: str, rank: int, payload: list[Any], have: Mapping[str, int]
+    ) -> tuple[int, dict[str, tuple[int, list[Any]]]]:
+        """Queue a rollout. The answer, read at the worker's next acquire (so it costs no call
+        of its own), is the rank's queued count and the weights newer than the worker's."""
+        with self._changed:
+            self.queues.setdefault(field, deque()).append((rank, payload))
+            counts = self.queued.setdefault(field, {})
+            counts[rank] = counts.get(rank, 0) + 1
+            self._changed.notify_all()
+            newer = {f: w for f, w in self.weights.items() if w[0] > have.get(f, -1)}
+            return counts[rank], newer
+
+    def room(self, field: str, rank: int, limit: int, timeout: float) -> bool | None:
         counts = self.queued.setdefault(field, {})
-        counts[rank] = counts.get(rank, 0) + 1
-        await self._notify()
+        return self._until(lambda: True if counts.get(rank, 0) < limit else None, timeout)
 
-    async def room(self, field: str, rank: int, limit: int, timeout: float) -> bool:
-        counts = self.queued.setdefault(field, {})
-        found = await self._until(lambda: True if counts.get(rank, 0) < limit else None, timeout)
-        return bool(found)
-
-    async def take(self, field: str, n: int, timeout: float) -> list[list[Any]] | None:
-        """Up to ``n`` references in commit order; ``None`` when none came within ``timeout``."""
+    def take(self, field: str, n: int, timeout: float) -> list[list[Any]] | None:
+        """Up to ``n`` payloads in commit order; ``None`` when none came within ``timeout``."""
         queue = self.queues.setdefault(field, deque())
-        await self._until(lambda: True if queue else None, timeout)
-        out = []
-        while queue and len(out) < n:
-            rank, ref = queue.popleft()
-            self.queued[field][rank] -= 1
-            out.append(ref)
-        if not out:
-            return None
-        await self._notify()  # the ranks taken from have room again
-        return out
+        with self._changed:
+            self._changed.wait_for(lambda: bool(queue), timeout)
+            out = []
+            while queue and len(out) < n:
+                rank, payload = queue.popleft()
+                self.queued[field][rank] -= 1
+                out.append(payload)
+            if out:
+                self._changed.notify_all()  # the ranks taken from have room again
+            return out or None
 
-    async def forget(self, field: str, rank: int) -> None:
-        """Drop what ``rank`` queued (its process is gone: its objects went with it)."""
-        queue = self.queues.setdefault(field, deque())
-        kept = [(r, ref) for r, ref in queue if r != rank]
-        queue.clear()
-        queue.extend(kept)
-        self.queued.setdefault(field, {})[rank] = 0
-        await self._notify()
+    def forget(self, field: str, rank: int) -> None:
+        """Drop what ``rank`` queued (its process is gone, and its stored objects with it)."""
+        with self._changed:
+            queue = self.queues.setdefault(field, deque())
+            kept = [(r, payload) for r, payload in queue if r != rank]
+            queue.clear()
+            queue.extend(kept)
+            self.queued.setdefault(field, {})[rank] = 0
+            self._changed.notify_all()
 
     # -- weights -------------------------------------------------------------------------------
 
-    async def publish(self, field: str, version: int, ref: list[Any]) -> None:
-        if version >= self.weights.get(field, (-1, []))[0]:
-            self.weights[field] = (version, ref)
-        await self._notify()
+    def publish(self, field: str, version: int, payload: list[Any]) -> None:
+        with self._changed:
+            if version >= self.weights.get(field, (-1, []))[0]:
+                self.weights[field] = (version, payload)
+            self._changed.notify_all()
 
-    async def set_version(self, field: str, version: int) -> None:
-        self.weights[field] = (version, self.weights.get(field, (0, []))[1])
-        await self._notify()
+    def set_version(self, field: str, version: int) -> None:
+        with self._changed:
+            self.weights[field] = (version, self.weights.get(field, (0, []))[1])
+            self._changed.notify_all()
 
-    async def version(self, field: str) -> int:
+    def version(self, field: str) -> int:
         return self.weights.get(field, (0, []))[0]
 
-    async def latest(self, field: str, have: int) -> tuple[int, list[Any]] | None:
-        version, ref = self.weights.get(field, (0, []))
-        return (version, ref) if version != have and ref else None
+    def latest(self, field: str, have: int) -> tuple[int, list[Any]] | None:
+        version, payload = self.weights.get(field, (0, []))
+        return (version, payload) if version != have and payload else None
 
-    async def wait_newer(self, field: str, newer_than: int, timeout: float) -> int | None:
+    def wait_newer(self, field: str, newer_than: int, timeout: float) -> int | None:
         def ready() -> int | None:
             version = self.weights.get(field, (0, []))[0]
             return version if version > newer_than else None
 
-        return await self._until(ready, timeout)
+        return self._until(ready, timeout)
+
+
+#: the hub this process hosts, by its actor's id (see :func:`serve`)
+_HOSTED: dict[str, Hub] = {}
+
+
+def serve(hub: Hub) -> None:
+    """Called by the actor that hosts ``hub``: its own transport calls skip Ray."""
+    _HOSTED[ray.get_runtime_context().get_actor_id()] = hub
+
+
+class _Done:
+    """The answer of a call to the hub this process hosts (for :func:`_get`)."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
 
 
 def _get(ref: Any, timeout: float = CALL_TIMEOUT_S) -> Any:
+    if isinstance(ref, _Done):
+        return ref.value
     return ray.get(ref, timeout=timeout)
+
+
+#: payloads up to this size travel inside the calls (Ray inlines small arguments and answers),
+#: larger ones through the object store: a CartPole rollout costs no object-store round trip,
+#: an Atari one is not copied through the hub
+INLINE_BYTES = 100_000
+
+
+def _pack(value: Any, nbytes: int) -> list[Any]:
+    """``[False, value]`` to send inline, or ``[True, ref]`` once put in the object store (in a
+    list, so Ray hands the reference over instead of resolving it)."""
+    return [False, value] if nbytes <= INLINE_BYTES else [True, ray.put(value)]
+
+
+def _unpack(packs: list[list[Any]]) -> list[Any]:
+    """The values of ``packs``, the object-store ones fetched in one call."""
+    refs = [ref for is_ref, ref in packs if is_ref]
+    fetched = iter(_get(refs) if refs else [])
+    return [next(fetched) if is_ref else value for is_ref, value in packs]
+
+
+#: per weights field, the newest ``(version, [ref])`` this process heard of from a rollout
+#: commit's answer, and the newest version it saw any way: a worker pulls from the hint instead
+#: of asking the hub again, unless it already knows of a newer version (``wait`` told it)
+_HINTS: dict[str, tuple[int, list[Any]]] = {}
+_SEEN: dict[str, int] = {}
 
 
 class _Bound:
@@ -145,7 +187,15 @@ class _Bound:
     _stop: Callable[[], bool] = staticmethod(_never)
 
     def __init__(self, hub: Any, field: str) -> None:
-        self.hub, self.field = hub, field
+        self.hub, self.field = hub, field  # the hub's host: an actor with hub_call()
+        self._hub_id = hub._actor_id.hex()
+
+    def _call(self, method: str, *args: Any) -> Any:
+        """Call the hub: in this process when it hosts it, else remotely (an ObjectRef)."""
+        hosted = _HOSTED.get(self._hub_id)
+        if hosted is not None:
+            return _Done(getattr(hosted, method)(*args))
+        return self.hub.hub_call.remote(method, *args)
 
     def bind(self, slot: int, stop: Callable[[], bool]) -> Any:
         bound = copy.copy(self)
@@ -188,6 +238,7 @@ class RayRollouts(_Bound):
         self._buffers: dict[str, torch.Tensor] | None = None
         self._cursor = 0
         self._taken: list[dict[str, np.ndarray]] = []
+        self._put: Any = None  # the answer of this worker's last commit
         self.lost = 0  # rollouts whose worker died before they were read
 
     def _slots(self) -> dict[str, torch.Tensor]:
@@ -206,12 +257,20 @@ class RayRollouts(_Bound):
         if not 0 <= self._slot < self.workers:
             raise RuntimeError("only a worker acquires rollout slots (the learner takes them)")
         rank, limit = self._slot, self.slots_per_worker
-
-        def room(slice_s: float) -> Any:
-            return self.hub.room.remote(self.field, rank, limit, slice_s)
-
-        if self._waiting(room, timeout) is None:
+        if self._stop():
             return None
+        queued = limit
+        if self._put is not None:  # answered by now, mostly: no round trip
+            queued, hints = _get(self._put)
+            self._put = None
+            _HINTS.update(hints)
+        if queued >= limit:
+
+            def room(slice_s: float) -> Any:
+                return self._call("room", self.field, rank, limit, slice_s)
+
+            if self._waiting(room, timeout) is None:
+                return None
         index = self._cursor
         self._cursor = (self._cursor + 1) % self.slots_per_worker
         return index
@@ -219,8 +278,9 @@ class RayRollouts(_Bound):
     def commit(self, index: int) -> None:
         slot = self.slot(index)
         slot["source"].fill_(self._slot)
-        ref = ray.put({name: t.numpy() for name, t in slot.items()})  # copied into the store
-        self.hub.put.remote(self.field, self._slot, [ref])
+        data = {name: t.numpy() for name, t in slot.items()}  # copied by the call or the put
+        packed = _pack(data, sum(a.nbytes for a in data.values()))
+        self._put = self._call("put", self.field, self._slot, packed, dict(_SEEN))
 
     def take_batch(self, n: int, timeout: float | None = None) -> dict[str, torch.Tensor] | None:
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -229,16 +289,19 @@ class RayRollouts(_Bound):
             want = n - len(self._taken)
 
             def take(slice_s: float, want: int = want) -> Any:
-                return self.hub.take.remote(self.field, want, slice_s)
+                return self._call("take", self.field, want, slice_s)
 
             refs = self._waiting(take, left)
             if refs is None:
                 return None
-            for (ref,) in refs:
-                try:
-                    self._taken.append(_get(ref))
-                except (ray.exceptions.RayError, TimeoutError):
-                    self.lost += 1  # its worker died before the learner got it
+            try:
+                self._taken += _unpack(refs)
+            except (ray.exceptions.RayError, TimeoutError):  # one by one: keep what is there
+                for packed in refs:
+                    try:
+                        self._taken += _unpack([packed])
+                    except (ray.exceptions.RayError, TimeoutError):
+                        self.lost += 1  # its worker died before the learner got it
         taken, self._taken = self._taken[:n], self._taken[n:]
         taken.sort(key=lambda part: int(part["source"]))  # stable: a rank's own order kept
         return {
@@ -259,40 +322,55 @@ class RayWeights(_Bound):
     @property
     def version(self) -> int:
         if self._version is None:
-            self._version = int(_get(self.hub.version.remote(self.field)))
+            self._version = int(_get(self._call("version", self.field)))
         return self._version
 
     @contextmanager
     def publishing(self, model: torch.nn.Module) -> Iterator[None]:
         yield
         version = self.version + 1
-        ref = ray.put([t.detach().cpu().numpy() for t in _floating(model)])
-        self.hub.publish.remote(self.field, version, [ref])
+        arrays = [t.detach().cpu().numpy() for t in _floating(model)]
+        nbytes = sum(a.nbytes for a in arrays)
+        if nbytes <= INLINE_BYTES:  # kept by the hub as they are: not the live parameters
+            arrays = [a.copy() for a in arrays]
+        self._call("publish", self.field, version, _pack(arrays, nbytes))
         self._version = version
 
     def wait(self, newer_than: int, timeout: float | None = None) -> int | None:
         def newer(slice_s: float) -> Any:
-            return self.hub.wait_newer.remote(self.field, newer_than, slice_s)
+            return self._call("wait_newer", self.field, newer_than, slice_s)
 
-        return self._waiting(newer, timeout)
+        version = self._waiting(newer, timeout)
+        if version is not None:
+            _SEEN[self.field] = max(version, _SEEN.get(self.field, -1))
+        return version
 
     def pull(self, model: torch.nn.Module, have: int = -1) -> int:
-        found = _get(self.hub.latest.remote(self.field, have))
-        if found is None:
+        hint = _HINTS.pop(self.field, None)
+        if hint is not None and hint[1] and hint[0] >= _SEEN.get(self.field, -1):
+            found: tuple[int, list[Any]] | None = hint
+        else:
+            found = _get(self._call("latest", self.field, have))
+        if found is None or found[0] == have:
             return have
-        version, (ref,) = found
-        arrays = _get(ref)
+        version, packed = found
+        _SEEN[self.field] = max(version, _SEEN.get(self.field, -1))
+        (arrays,) = _unpack([packed])
         with torch.no_grad():
             for dst, src in zip(_floating(model), arrays, strict=True):
                 np.copyto(dst.detach().numpy(), src)
         self._version = version
         return version
 
+    _known = 0  # the version the driver last read
+
     def state(self) -> dict[str, int]:
-        return {"version": int(_get(self.hub.version.remote(self.field)))}
+        with contextlib.suppress(ray.exceptions.RayError, TimeoutError):  # its host is gone
+            self._known = int(_get(self._call("version", self.field), timeout=10))
+        return {"version": self._known}
 
     def load(self, state: Mapping[str, Any]) -> None:
-        _get(self.hub.set_version.remote(self.field, int(state["version"])))
+        _get(self._call("set_version", self.field, int(state["version"])))
 
 
 class RayStateBuilder:
@@ -312,8 +390,9 @@ class RayStateBuilder:
 
     def weights(self) -> RayWeights:
         field = self._name("weights")
-        ref = ray.put([t.detach().cpu().numpy() for t in _floating(self.model)])
-        _get(self.hub.publish.remote(field, 0, [ref]))  # what workers pull before any update
+        arrays = [t.detach().cpu().numpy() for t in _floating(self.model)]
+        packed = _pack(arrays, sum(a.nbytes for a in arrays))
+        _get(self.hub.hub_call.remote("publish", field, 0, packed))  # pulled before any update
         return RayWeights(self.hub, field)
 
     def _refused(self, *_: Any) -> Any:  # prepare() refuses these kinds first

@@ -1,0 +1,171 @@
+"""The Ray backend against the local backend and SB3 PPO, in one run (issue "Ray backend").
+
+For each seed, interleaved so background load hits every system alike, one run of each system
+until CartPole-v1 is solved (or ``--cap-s``):
+
+``local``      ``python -m mprl run --plugin impala --workers W`` (spawned processes)
+``ray``        the same with ``--backend ray`` and no address: a Ray runtime started for the run
+``cluster``    the same joined to ``--address`` (e.g. two ``ray start`` nodes), when given
+``sb3_ppo``    Stable-Baselines3 PPO, rl-zoo settings (``time_to_solve.run_sb3``)
+
+Reported per run, from the run directory and ``/proc``:
+
+- ``solve_s``: the run's clock when solved; ``total_s``: the whole command, start-up included;
+- ``first_step_s``: seconds from the command's start to the first finished episode (start-up:
+  imports, Ray's start, actors placed and importing torch);
+- ``collect_sps``: env steps per second from the first episode to the end (collection speed);
+- ``driver_mb`` / ``child_mb``: the largest RSS of the main process and of one child (a Ray
+  actor or a spawned child) seen while it ran.
+
+Ratios are ray / local within each seed; the table gives their median and range.
+
+Usage: ``python benchmarks/ray_backend.py --seeds 3 [--address HOST:PORT]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parent))
+from time_to_solve import run_sb3
+
+PLUGIN = "impala"
+
+
+def _rss_mb(pid: int) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def _children_of_run(driver: int) -> list[int]:
+    """A run's children: Ray actor processes (any parent) or the driver's spawned children."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if cmd.startswith("ray::ChildActor") or (
+            ppid == driver and "spawn_main" in cmd and "resource_tracker" not in cmd
+        ):
+            out.append(int(entry.name))
+    return out
+
+
+def run_mprl(system: str, seed: int, workers: int, cap_s: float, address: str) -> dict[str, Any]:
+    run_dir = Path(tempfile.mkdtemp(prefix="raybench-")) / "run"
+    cmd = [sys.executable, "-m", "mprl", "run", "--plugin", PLUGIN, "--workers", str(workers)]
+    cmd += ["--seed", str(seed), "--run-dir", str(run_dir), "--quiet"]
+    if system == "ray":
+        cmd += ["--backend", "ray"]
+    elif system == "cluster":
+        cmd += ["--backend", "ray", "--ray-address", address]
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    driver_mb = child_mb = 0.0
+    first_step_s = None
+    while proc.poll() is None:
+        driver_mb = max(driver_mb, _rss_mb(proc.pid))
+        child_mb = max([child_mb, *(_rss_mb(p) for p in _children_of_run(proc.pid))])
+        metrics = run_dir / "metrics.jsonl"
+        if first_step_s is None and metrics.exists() and '"episode_return"' in metrics.read_text():
+            first_step_s = time.monotonic() - t0
+        if time.monotonic() - t0 > cap_s:
+            proc.send_signal(2)
+            break
+        time.sleep(0.5)
+    err = proc.communicate(timeout=60)[1]
+    total_s = time.monotonic() - t0
+    summary = json.loads((run_dir / "summary.json").read_text())
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    episodes = [r for r in records if "episode_return" in r]
+    first_wall = episodes[0]["wall"] if episodes else summary["wall_s"]
+    span = max(1e-9, summary["wall_s"] - first_wall)
+    first_step = episodes[0]["step"] if episodes else 0
+    solved_at = summary.get("solved_at") or {}
+    return {
+        "system": system,
+        "seed": seed,
+        "solved": summary["solved"],
+        "solve_s": solved_at.get("wall_s"),
+        "total_s": round(total_s, 2),
+        "first_step_s": round(first_step_s, 2) if first_step_s else None,
+        "collect_sps": round((summary["env_steps"] - first_step) / span),
+        "driver_mb": round(driver_mb),
+        "child_mb": round(child_mb),
+        "returncode": proc.returncode,
+        "error": err[-500:] if proc.returncode else "",
+    }
+
+
+def _median_range(values: list[float]) -> str:
+    values = [v for v in values if v is not None]
+    if not values:
+        return "-"
+    return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--cap-s", type=float, default=150.0)
+    parser.add_argument("--address", default="", help="also run on this Ray cluster")
+    parser.add_argument("--no-sb3", action="store_true")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/ray_backend.json"))
+    args = parser.parse_args()
+    systems = ["local", "ray"] + (["cluster"] if args.address else [])
+    rows: list[dict[str, Any]] = []
+    for seed in range(args.seeds):
+        for system in systems:
+            rows.append(run_mprl(system, seed, args.workers, args.cap_s, args.address))
+            print(json.dumps(rows[-1]), flush=True)
+        if not args.no_sb3:
+            sb3 = run_sb3("CartPole-v1", seed, args.cap_s, None)
+            rows.append({"system": "sb3_ppo", "seed": seed, "solved": sb3.solved,
+                         "solve_s": sb3.wall_s, "total_s": sb3.wall_total_s})  # fmt: skip
+            print(json.dumps(rows[-1]), flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(rows, indent=1))
+    by = {s: [r for r in rows if r["system"] == s] for s in [*systems, "sb3_ppo"]}
+    print(f"\n{'system':<8} {'solve s':>20} {'first step s':>20} {'collect sps':>22} "
+          f"{'driver MB':>10} {'child MB':>9}")  # fmt: skip
+    for system, runs in by.items():
+        if not runs:
+            continue
+        print(
+            f"{system:<8} {_median_range([r['solve_s'] for r in runs]):>20} "
+            f"{_median_range([r.get('first_step_s') for r in runs]):>20} "
+            f"{_median_range([r.get('collect_sps') for r in runs]):>22} "
+            f"{_median_range([r.get('driver_mb') for r in runs]):>10} "
+            f"{_median_range([r.get('child_mb') for r in runs]):>9}"
+        )
+    print("\nray / local, per seed (median, range):")
+    for key in ("collect_sps", "solve_s", "first_step_s"):
+        ratios = [
+            ray[key] / local[key]
+            for ray, local in zip(by["ray"], by["local"], strict=True)
+            if ray.get(key) and local.get(key)
+        ]
+        print(f"  {key:<13} {_median_range(ratios)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
