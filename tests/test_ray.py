@@ -42,6 +42,8 @@ from ray.cluster_utils import Cluster  # noqa: E402
 pytestmark = pytest.mark.slow
 
 WORKER = ["--worker-cpus", "2"]  # a whole node each: two workers, two nodes
+#: entry points of the test plugins every node has installed
+PLUGINS = {"raytest": "mprl_raytest", "testplugin": "mprl_testplugin", "dqn": "mprl_dqn"}
 
 
 def _ray_processes(title: str) -> list[int]:
@@ -64,8 +66,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """A head (1 CPU) and two worker nodes (2 CPUs each), with the test plugin installed where
     every node's Python finds it. Ray's temp dir and ``HOME`` are this module's own."""
     site = tmp_path_factory.mktemp("raysite")
-    source = (HERE / "plugins" / "mprl_raytest.py").read_text()
-    write_distribution(site, "mprl-raytest", {"raytest": "mprl_raytest"}, {"mprl_raytest": source})
+    modules = {m: (HERE / "plugins" / f"{m}.py").read_text() for m in PLUGINS.values()}
+    write_distribution(site, "mprl-raytest", PLUGINS, modules)
     temp = Path(tempfile.mkdtemp(prefix="ray-", dir="/tmp"))  # short: Ray's socket paths
     (temp / "ray").mkdir()  # where RAY_TMPDIR points Ray
     env = pytest.MonkeyPatch()
@@ -159,6 +161,30 @@ def test_ppo_from_the_local_backend_resumes_on_ray(cluster, tmp_path):
     assert summary["env_steps"] >= 12000
     last = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["shared_state"]
     assert last["weights"]["version"] > version["weights"]["version"]  # ppo learned on Ray
+
+
+def test_dqn_replay_counter_and_target_across_nodes_then_resumed_locally(cluster, tmp_path):
+    """ReplayBuffer, Counter and Module on Ray: a row per worker step reaches the learner's
+    buffer, the counter and the target network are checkpointed by the driver, and a local
+    resume carries on from them."""
+    run_dir = tmp_path / "run"
+    small = [f"--set={k}={v}" for k, v in
+             {"buffer_size": 1000, "learning_starts": 200, "target_every": 50,
+              "batch_size": 32}.items()]  # fmt: skip
+    done = run_ray(cluster, "--plugin", "dqn", "--workers", "2", *WORKER, *small,
+                   "--total-steps", "3000", "--run-dir", str(run_dir))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    saved = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
+    shared = saved["shared_state"]
+    assert int(shared["replay"]["heads"].sum()) == sum(saved["steps"]) > 0  # a row per step
+    assert shared["updates"] > 0 and shared["weights"]["version"] == shared["updates"]
+    assert set(shared["target"]) == set(saved["model"])  # the learner's target network
+    again = cli("run", "--resume", str(run_dir), "--backend", "local", *small,
+                "--total-steps", "5000")  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    after = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
+    assert int(after["shared_state"]["replay"]["heads"].sum()) == sum(after["steps"]) >= 5000
+    assert after["shared_state"]["updates"] > shared["updates"]
 
 
 def test_the_classic_shape_works_across_nodes(cluster, tmp_path):
@@ -285,7 +311,7 @@ def test_a_hung_actor_is_killed_and_reported(cluster, tmp_path):
     assert summary["failures"][0]["rank"] == 0
 
 
-def test_what_cannot_run_on_ray_is_refused_before_anything_starts(cluster, tmp_path, installed):
+def test_what_cannot_run_on_ray_is_refused_before_anything_starts(cluster, tmp_path):
     cases = {
         ("--plugin", "a3c"): "Hogwild",
         ("--plugin", "probe"): "field 'seen' (Tensor)",

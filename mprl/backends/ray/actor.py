@@ -99,14 +99,25 @@ class ChildActor:
         ctx.heartbeat()
         try:
             fn(ctx)
+            transport.flush()  # its last counter adds and replay rows
         except BaseException:
             return {"code": 1, "traceback": traceback.format_exc()}
         return {"code": 0}
 
-    def poll(self, stop: bool, env_steps: int, want_state: bool, model: list[Any] | None) -> dict:
+    def poll(
+        self,
+        stop: bool,
+        env_steps: int,
+        want_state: bool,
+        model: list[Any] | None,
+        info: dict[str, Any] | None = None,
+    ) -> dict:
         """Exchange with the driver: see the module's docstring. ``model`` (a reference to the
         train process's model weights) is copied into this worker's ``ctx.model``;
-        ``want_state`` asks the train process for references to its model and optimizers."""
+        ``want_state`` asks the train process for references to its model, optimizers and
+        modules; ``info`` refreshes this process's cache of the transport hub's versions and
+        totals, and the answer carries the hub's own when this actor hosts it."""
+        transport.note(info)
         channel = self.channel
         if stop:
             channel.stopping = True
@@ -121,6 +132,8 @@ class ChildActor:
                 ctx.model.load_state_dict(ray.get(model[0]))
         if ctx is not None and want_state:
             out["state"] = self._state(ctx)
+        if self.ctx is not None and self.ctx.role == "trainer":
+            out["hub"] = self.hub.info()
         return out
 
     @staticmethod
@@ -134,6 +147,15 @@ class ChildActor:
                 "optimizer": ctx._optimizer.state_dict() if ctx._optimizer is not None else None,
                 "optimizers": {k: o.state_dict() for k, o in ctx._optimizers.items()},
             }
-            return {"model": [ray.put(model)], "optimizers": [ray.put(optimizers)]}
+            modules = {
+                name: {k: v.detach().clone() for k, v in value.state_dict().items()}
+                for name, value in vars(ctx.state).items()
+                if isinstance(value, torch.nn.Module)
+            }
+            return {
+                "model": [ray.put(model)],
+                "optimizers": [ray.put(optimizers)],
+                "modules": [ray.put(modules)],
+            }
         except RuntimeError:  # a dict changed size during iteration: next poll
             return None

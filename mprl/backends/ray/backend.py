@@ -50,10 +50,6 @@ CALL_TIMEOUT_S = 30.0
 REFUSED = {
     "Tensor": "a Tensor is shared memory of one machine; on --backend ray use Array or Value "
     "(Manager kinds, shared across nodes) for small data, Rollouts or Weights for bulk data",
-    "ReplayBuffer": "not built on --backend ray yet; use --backend local",
-    "Counter": "not built on --backend ray yet; use a PerWorker or Value field, or --backend local",
-    "Module": "not built on --backend ray yet; keep the module in the train process, or "
-    "use --backend local",
 }
 
 
@@ -163,6 +159,7 @@ class _RayRun:
         self.authkey = secrets.token_bytes(32)
         self.learner = learner_resources(job.run.learner_resources)
         self.model_ref: list[Any] | None = None
+        self.hub_info: dict[str, Any] | None = None  # the hub's versions and totals, to pass on
         self.model_gen = 0
         self.last_sync = time.monotonic()
         self.state: Any = None
@@ -251,7 +248,9 @@ class _RayRun:
             self.hub = self._hub_host()
             if self.job.algorithm.schema.needs_manager():
                 manager = self._start_manager()
-            builder = RayStateBuilder(manager, self.hub, self.job.model)
+            builder = RayStateBuilder(
+                manager, self.hub, self.job.model, self.job.algorithm.make_model
+            )
             self.state, skipped = self.job.build_state(builder)
             if skipped:
                 self._event("state-not-restored", skipped)
@@ -423,7 +422,10 @@ class _RayRun:
             model = None
             if not is_trainer and self.model_ref is not None and child.model_sent < self.model_gen:
                 model, child.model_sent = self.model_ref, self.model_gen
-            child.poll_ref = child.actor.poll.remote(stop, total, want_state and is_trainer, model)
+            info = None if is_trainer else self.hub_info
+            child.poll_ref = child.actor.poll.remote(
+                stop, total, want_state and is_trainer, model, info
+            )
             child.poll_sent = now
             if want_state and is_trainer:
                 self.last_sync = now
@@ -472,6 +474,8 @@ class _RayRun:
             self.monitor.on_records(out["records"])
         if out.get("state"):
             self._load_state(out["state"])
+        if out.get("hub"):
+            self.hub_info = out["hub"]
 
     def _load_state(self, state: Mapping[str, list[Any]]) -> None:
         """The train process's model and optimizers, into the driver's copies (checkpoints and
@@ -487,6 +491,9 @@ class _RayRun:
         for name, saved in optimizers["optimizers"].items():
             if name in job.optimizers:
                 job.optimizers[name].load_state_dict(saved)
+        modules = ray.get(state["modules"][0], timeout=CALL_TIMEOUT_S)
+        for name, saved in modules.items():
+            getattr(self.state, name).load_state_dict(saved)
         self.model_ref, self.model_gen = state["model"], self.model_gen + 1
 
     def _supervise(self) -> tuple[str, list[ChildFailure]]:

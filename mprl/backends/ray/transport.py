@@ -27,8 +27,8 @@ import numpy as np
 import ray
 import torch
 
-from mprl.backends.tensors import _floating
-from mprl.schema import RowSpec
+from mprl.backends.tensors import TensorReplay, _floating
+from mprl.schema import Dims, RowSpec
 
 #: the longest one remote wait lasts, so stop checks and heartbeats come at least this often
 WAIT_SLICE_S = 0.1
@@ -54,6 +54,8 @@ class Hub:
         self.queues: dict[str, deque[tuple[int, list[Any]]]] = {}
         self.queued: dict[str, dict[int, int]] = {}
         self.weights: dict[str, tuple[int, list[Any]]] = {}
+        self.counters: dict[str, int] = {}
+        self.replays: dict[str, TensorReplay] = {}
         self._changed = threading.Condition()
 
     def _until(self, ready: Callable[[], Any], timeout: float) -> Any:
@@ -131,6 +133,55 @@ class Hub:
 
         return self._until(ready, timeout)
 
+    # -- counters and replay buffers -----------------------------------------------------------
+
+    def counter_add(self, field: str, n: int) -> None:
+        with self._changed:
+            self.counters[field] = self.counters.get(field, 0) + n
+
+    def counter_value(self, field: str) -> int:
+        return self.counters.get(field, 0)
+
+    def counter_load(self, field: str, value: int) -> None:
+        with self._changed:
+            self.counters[field] = value
+
+    def replay_init(self, field: str, row: RowSpec, capacity: int, workers: int) -> None:
+        self.replays[field] = TensorReplay(row, capacity, workers, share=False)
+
+    def replay_add(self, field: str, rank: int, rows: Mapping[str, np.ndarray]) -> None:
+        replay = self.replays[field].bind(rank, _never)
+        replay.add(**{name: torch.from_numpy(np.asarray(value)) for name, value in rows.items()})
+
+    def replay_size(self, field: str) -> int:
+        return self.replays[field].size()
+
+    def replay_sample(self, field: str, n: int) -> dict[str, torch.Tensor] | None:
+        return self.replays[field].sample(n)
+
+    def replay_state(self, field: str) -> dict[str, Any]:
+        return self.replays[field].state()
+
+    def replay_load(self, field: str, state: Mapping[str, Any]) -> bool:
+        return self.replays[field].load(state)
+
+    def flush(self, rank: int, counters: Mapping[str, int], rows: Mapping[str, list]) -> dict:
+        """A process's batched counter adds and replay rows, in the order it made them; the
+        answer is :meth:`info` (its caches' refresh)."""
+        for field, n in counters.items():
+            self.counter_add(field, n)
+        for field, parts in rows.items():
+            for part in parts:
+                self.replay_add(field, rank, part)
+        return self.info()
+
+    def info(self) -> dict[str, dict[str, int]]:
+        """What every process caches between calls: weights versions and counter totals."""
+        return {
+            "weights": {f: w[0] for f, w in self.weights.items()},
+            "counters": dict(self.counters),
+        }
+
 
 #: the hub this process hosts, by its actor's id (see :func:`serve`)
 _HOSTED: dict[str, Hub] = {}
@@ -178,6 +229,62 @@ def _unpack(packs: list[list[Any]]) -> list[Any]:
 #: of asking the hub again, unless it already knows of a newer version (``wait`` told it)
 _HINTS: dict[str, tuple[int, list[Any]]] = {}
 _SEEN: dict[str, int] = {}
+#: the hub's weights versions and counter totals, as of this process's last flush or the
+#: driver's last poll (:func:`note`): per-step reads of them cost no call
+_INFO: dict[str, dict[str, int]] = {"weights": {}, "counters": {}}
+
+
+def note(info: Mapping[str, Mapping[str, int]] | None) -> None:
+    """Refresh this process's cache of the hub's versions and totals."""
+    if info:  # answers may arrive out of order (a poll's is older): keep the newest
+        for key in ("weights", "counters"):
+            cache = _INFO[key]
+            for field, value in info.get(key, {}).items():
+                cache[field] = max(value, cache.get(field, value))
+
+
+class _Batch:
+    """A worker's counter adds and replay rows not sent yet: sent in one call every
+    :data:`FLUSH_S` or :data:`FLUSH_ROWS` rows, each after the previous one was answered (so
+    they arrive in order, and a worker far ahead of the hub waits)."""
+
+    def __init__(self) -> None:
+        self.hub: Any = None
+        self.rank = -1
+        self.counters: dict[str, int] = {}
+        self.rows: dict[str, list[dict[str, np.ndarray]]] = {}
+        self.n_rows = 0
+        self.sent_at = time.monotonic()
+        self.answer: Any = None
+        self.lock = threading.Lock()
+
+    def due(self) -> None:
+        if self.n_rows >= FLUSH_ROWS or time.monotonic() - self.sent_at >= FLUSH_S:
+            self.send()
+
+    def send(self) -> None:
+        with self.lock:
+            if self.answer is not None:
+                note(_get(self.answer))
+                self.answer = None
+            if self.hub is not None and (self.counters or self.rows):
+                counters, rows = self.counters, self.rows
+                self.counters, self.rows, self.n_rows = {}, {}, 0
+                self.answer = self.hub.hub_call.remote("flush", self.rank, counters, rows)
+            self.sent_at = time.monotonic()
+
+
+_BATCH = _Batch()
+FLUSH_S = 0.05
+FLUSH_ROWS = 1024
+
+
+def flush() -> None:
+    """Send what this process batched, and wait for the answer (its function has returned).
+    With the hub's host gone (the run is failing) the batch is lost, like a dead worker's."""
+    with contextlib.suppress(ray.exceptions.RayError, TimeoutError):
+        _BATCH.send()
+        _BATCH.send()  # the second takes the first's answer
 
 
 class _Bound:
@@ -349,6 +456,8 @@ class RayWeights(_Bound):
         hint = _HINTS.pop(self.field, None)
         if hint is not None and hint[1] and hint[0] >= _SEEN.get(self.field, -1):
             found: tuple[int, list[Any]] | None = hint
+        elif _INFO["weights"].get(self.field, -2) == have and _HOSTED.get(self._hub_id) is None:
+            found = None  # nothing newer as of the last refresh: no call
         else:
             found = _get(self._call("latest", self.field, have))
         if found is None or found[0] == have:
@@ -373,12 +482,95 @@ class RayWeights(_Bound):
         _get(self._call("set_version", self.field, int(state["version"])))
 
 
+class RayCounter(_Bound):
+    """:class:`mprl.transport.SharedCounter` across nodes: adds are batched with the process's
+    other hub traffic (see :class:`_Batch`); :attr:`value` is the hub's total as of the last
+    refresh (a poll every quarter second, or this process's last flush) plus what this process
+    added since."""
+
+    def add(self, n: int = 1) -> None:
+        if self._slot < 0:
+            raise RuntimeError("a counter is added to by the processes of a run")
+        hosted = _HOSTED.get(self._hub_id)
+        if hosted is not None:
+            hosted.counter_add(self.field, n)
+            return
+        _BATCH.hub, _BATCH.rank = self.hub, self._slot
+        _BATCH.counters[self.field] = _BATCH.counters.get(self.field, 0) + n
+        _BATCH.due()
+
+    @property
+    def value(self) -> int:
+        hosted = _HOSTED.get(self._hub_id)
+        if hosted is not None:
+            return hosted.counter_value(self.field)
+        if self._slot < 0 or self.field not in _INFO["counters"]:  # the driver, or unknown yet
+            return int(_get(self._call("counter_value", self.field)))
+        return _INFO["counters"][self.field] + _BATCH.counters.get(self.field, 0)
+
+    def load(self, value: int) -> None:
+        _get(self._call("counter_load", self.field, int(value)))
+
+
+class RayReplay(_Bound):
+    """:class:`mprl.transport.ReplayStore` across nodes: the buffer lives in the train
+    process (the hub's host), where :meth:`sample` reads it with no call; a worker's rows are
+    batched and sent in order (see :class:`_Batch`), so they become visible to the learner
+    within :data:`FLUSH_S`."""
+
+    def __init__(self, hub: Any, field: str, capacity: int) -> None:
+        super().__init__(hub, field)
+        self.capacity = capacity
+
+    def add(self, **rows: torch.Tensor) -> None:
+        if self._slot < 0:
+            raise RuntimeError("only a worker adds rows to a replay buffer")
+        data = {
+            name: (v.detach().numpy() if isinstance(v, torch.Tensor) else np.asarray(v)).copy()
+            for name, v in rows.items()
+        }
+        hosted = _HOSTED.get(self._hub_id)
+        if hosted is not None:
+            hosted.replay_add(self.field, self._slot, data)
+            return
+        _BATCH.hub, _BATCH.rank = self.hub, self._slot
+        _BATCH.rows.setdefault(self.field, []).append(data)
+        _BATCH.n_rows += len(next(iter(data.values())))
+        _BATCH.due()
+
+    def size(self) -> int:
+        hosted = _HOSTED.get(self._hub_id)
+        if hosted is not None:
+            return hosted.replay_size(self.field)
+        return int(_get(self._call("replay_size", self.field)))
+
+    def sample(
+        self, n: int, generator: torch.Generator | None = None
+    ) -> dict[str, torch.Tensor] | None:
+        hosted = _HOSTED.get(self._hub_id)
+        if hosted is not None:
+            return hosted.replays[self.field].sample(n, generator)
+        return _get(self._call("replay_sample", self.field, n))
+
+    def state(self) -> dict[str, Any]:
+        return _get(self._call("replay_state", self.field), timeout=600)
+
+    def load(self, state: Mapping[str, Any]) -> bool:
+        return bool(_get(self._call("replay_load", self.field, dict(state)), timeout=600))
+
+
 class RayStateBuilder:
     """Builds a schema's fields for actors on any node: Manager kinds from a Manager server the
     actors reach over TCP, transport through ``hub`` and the object store."""
 
-    def __init__(self, manager: Any, hub: Any, model: torch.nn.Module) -> None:
-        self.manager, self.hub, self.model = manager, hub, model
+    def __init__(
+        self,
+        manager: Any,
+        hub: Any,
+        model: torch.nn.Module,
+        make_model: Callable[..., torch.nn.Module],
+    ) -> None:
+        self.manager, self.hub, self.model, self.make_model = manager, hub, model, make_model
         self._n = 0
 
     def _name(self, kind: str) -> str:
@@ -395,7 +587,23 @@ class RayStateBuilder:
         _get(self.hub.hub_call.remote("publish", field, 0, packed))  # pulled before any update
         return RayWeights(self.hub, field)
 
-    def _refused(self, *_: Any) -> Any:  # prepare() refuses these kinds first
-        raise NotImplementedError("not available on the ray backend")
+    def counter(self, processes: int) -> RayCounter:
+        field = self._name("counter")
+        _get(self.hub.hub_call.remote("counter_load", field, 0))  # known to every cache: 0
+        return RayCounter(self.hub, field)
 
-    tensor = replay = counter = module = _refused
+    def replay(self, row: RowSpec, capacity: int, workers: int) -> RayReplay:
+        field = self._name("replay")
+        _get(self.hub.hub_call.remote("replay_init", field, row, capacity, workers))
+        return RayReplay(self.hub, field, capacity // workers * workers)
+
+    def module(self, make: Callable[..., torch.nn.Module] | None, dims: Dims) -> torch.nn.Module:
+        """A module of the train process (each process has its own copy; the driver's follows
+        the train process's, for checkpoints)."""
+        module = (make or self.make_model)(dims.observation_space, dims.action_space, dims.config)
+        if make is None:  # a copy of the model: it starts from the same weights
+            module.load_state_dict(self.model.state_dict())
+        return module
+
+    def tensor(self, *_: Any) -> Any:  # prepare() refuses Tensor fields first
+        raise NotImplementedError("a Tensor field is shared memory of one machine")
