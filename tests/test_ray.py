@@ -327,6 +327,9 @@ def test_what_cannot_run_on_ray_is_refused_before_anything_starts(cluster, tmp_p
     big = run_ray(cluster, "--plugin", "impala", "--workers", "8", *WORKER,
                   "--run-dir", str(tmp_path / "big"))  # fmt: skip
     assert big.returncode == 1 and "the Ray cluster cannot hold this run" in big.stderr
+    nobody = cli("run", "--plugin", "impala", "--backend", "ray", "--ray-address", "127.0.0.1:1",
+                 "--run-dir", str(tmp_path / "nobody"))  # fmt: skip
+    assert nobody.returncode == 1 and "cannot join the Ray cluster" in nobody.stderr
 
 
 def test_without_ray_installed_the_backend_says_what_to_install(tmp_path):

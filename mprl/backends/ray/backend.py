@@ -23,6 +23,7 @@ import multiprocessing as mp
 import os
 import secrets
 import shutil
+import socket
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -179,6 +180,7 @@ class _RayRun:
         address = self.job.run.ray_address or os.environ.get("RAY_ADDRESS", "")
         quiet = {"log_to_driver": False, "logging_level": "WARNING"}
         if address:
+            _reachable(address)  # ray.init would retry an address with nobody there for minutes
             ray.init(address=address, **quiet)
             return True
         need = self._cpus_needed()
@@ -237,10 +239,14 @@ class _RayRun:
     def execute(self) -> Outcome:
         import ray
 
-        connected = self._connect()
         manager = None
         self.hub = None
+        connected = False
         try:
+            try:
+                connected = self._connect()
+            except Exception as exc:  # an address with no cluster, a missing token ...
+                return Outcome("failed", [ChildFailure("Ray cluster", -1, None, _unreachable(exc))])
             if reason := self._too_big():
                 return Outcome("failed", [ChildFailure("Ray cluster", -1, None, reason)])
             from mprl.backends.ray.transport import RayStateBuilder
@@ -661,6 +667,26 @@ class _RayRun:
                 self._kill(child)
             child.done = True
         return failures
+
+
+def _reachable(address: str, timeout: float = 10.0) -> None:
+    """Raise ``ConnectionError`` unless something listens at ``address`` (``HOST:PORT``; Ray's
+    other forms, ``auto`` or ``ray://``, are left to Ray)."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit() or "://" in address:
+        return
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout).close()
+    except OSError as exc:
+        raise ConnectionError(f"nothing answers at {address}: {exc}") from None
+
+
+def _unreachable(exc: BaseException) -> str:
+    return (
+        f"cannot join the Ray cluster ({_cause(exc)}); check --ray-address / RAY_ADDRESS, that "
+        "`ray start --head` runs there, and that this machine holds the cluster's token "
+        "(~/.ray/auth_token)"
+    )
 
 
 def _transport_fields(state: Any) -> list[str]:
