@@ -74,7 +74,7 @@ def ceiling(n_envs: int, seconds: float, seed: int = 0) -> float:
     steps, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
         with torch.no_grad():
-            out = model.pi(obs)
+            out = model.policy(obs)
             actions = model.sample(out)
             model.log_prob_entropy(out, actions)  # the worker stores log-probs too
         env_actions = model.to_env(actions)

@@ -116,6 +116,10 @@ class Algorithm:
     :param observation_spaces: the observation space types it supports (default: any).
     :param default_env: the environment used when ``--env`` is not given.
     :param description: one line shown by ``python -m mprl plugins``.
+    :param presets: config values by workload, ``{"atari": {...}, "mujoco": {...}}``, applied
+        under the user's own (a TOML file, ``--set``) when the env is one
+        (:func:`mprl.host.envs.workload`): the settings that work there, as rl-zoo and cleanrl
+        have them.
     """
 
     name: str = attrs.field(validator=_validate)
@@ -132,6 +136,7 @@ class Algorithm:
     observation_spaces: tuple[type[gym.Space], ...] = (gym.Space,)
     default_env: str = "CartPole-v1"
     description: str = ""
+    presets: Mapping[str, Mapping[str, Any]] = attrs.field(factory=dict, converter=dict)
 
     def supports(self, action_space: gym.Space) -> bool:
         return isinstance(action_space, self.action_spaces)

@@ -42,6 +42,7 @@ from typing import Any, ClassVar, Protocol
 
 import attrs
 import gymnasium as gym
+import numpy as np
 import torch
 
 from mprl.errors import SchemaError
@@ -544,19 +545,24 @@ class Weights(Field):
         return 8, 1
 
 
+def obs_dtype(space: gym.Space) -> torch.dtype:
+    """How observations of ``space`` are stored and sent: ``uint8`` when the space is (frames:
+    a quarter of float32, converted where the network runs), else ``float32``."""
+    return torch.uint8 if space.dtype == np.uint8 else torch.float32
+
+
 def transition_row(dims: Dims) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
     """The default row of a :class:`ReplayBuffer`: ``obs``, ``action``, ``reward``,
     ``next_obs`` and ``done`` (1.0 where the episode terminated), shaped by the spaces.
     Observations keep the space's dtype when it is ``uint8`` (frames), else ``float32``;
     ``Discrete`` actions are ``int64`` scalars."""
     obs, act = dims.observation_space, dims.action_space
-    obs_dtype = torch.uint8 if obs.dtype == "uint8" else torch.float32
     discrete = isinstance(act, gym.spaces.Discrete)
     return {
-        "obs": (tuple(obs.shape), obs_dtype),
+        "obs": (tuple(obs.shape), obs_dtype(obs)),
         "action": ((), torch.int64) if discrete else (tuple(act.shape), torch.float32),
         "reward": ((), torch.float32),
-        "next_obs": (tuple(obs.shape), obs_dtype),
+        "next_obs": (tuple(obs.shape), obs_dtype(obs)),
         "done": ((), torch.float32),
     }
 

@@ -77,7 +77,7 @@ def test_impala_update_learns_the_rewarded_action_and_steps_inside_publishing():
 
     def p_rewarded() -> float:
         with torch.no_grad():
-            return float(torch.softmax(model.pi(obs), -1)[..., 0].mean())
+            return float(torch.softmax(model.policy(obs), -1)[..., 0].mean())
 
     def weights() -> list[torch.Tensor]:
         return [p.detach().clone() for p in model.parameters()]
@@ -98,7 +98,7 @@ def test_impala_update_learns_the_rewarded_action_and_steps_inside_publishing():
     start = p_rewarded()
     for _ in range(30):
         with torch.no_grad():
-            out = model.pi(obs[:-1].flatten(0, 2))
+            out = model.policy(obs[:-1].flatten(0, 2))
         actions = model.sample(out)
         logp, _ = model.log_prob_entropy(out, actions)
         actions, logp = actions.view(obs[:-1].shape[:3]), logp.view(obs[:-1].shape[:3])

@@ -136,6 +136,6 @@ def test_env_batch_rollout_records_episodes_and_bootstraps_time_limits():
     assert torch.all(truncated | (reward == 1.0))
     assert torch.all(slot["reward"][~done] == 1.0)
     # log-probs are those of the actions taken under the policy
-    out = model.pi(slot["obs"][:steps])
+    out = model.policy(slot["obs"][:steps])
     logp, _ = model.log_prob_entropy(out, slot["action"])
     assert torch.allclose(logp, slot["logp"], atol=1e-6)

@@ -13,16 +13,80 @@ import torch
 from mprl.context import derive_seed
 from mprl.errors import PluginError, UsageError
 from mprl.hookspecs import hookimpl
+from mprl.schema import obs_dtype
 
 if TYPE_CHECKING:
     from mprl.host.plugins import PluginManager
 
 
+#: what installs the Atari games (ale-py ships the ROMs; the preprocessing resizes with OpenCV)
+ATARI_EXTRA = 'pip install "mprl[atari]"'
+#: what installs the MuJoCo physics of gymnasium's MuJoCo envs
+MUJOCO_EXTRA = 'pip install "mprl[mujoco]"'
+
+
 @hookimpl(trylast=True)
 def mprl_make_env(env_id: str, render_mode: str | None) -> gym.Env:
-    if render_mode is None:  # older envs take no render_mode at all
-        return gym.make(env_id)
-    return gym.make(env_id, render_mode=render_mode)
+    kwargs = {} if render_mode is None else {"render_mode": render_mode}  # old envs take none
+    if is_atari(env_id):
+        return make_atari(env_id, **kwargs)
+    try:
+        return gym.make(env_id, **kwargs)
+    except gym.error.DependencyNotInstalled as exc:
+        if "mujoco" in str(exc).lower():
+            raise UsageError(f"environment {env_id!r} runs on MuJoCo: {MUJOCO_EXTRA}") from None
+        raise
+
+
+def is_atari(env_id: str) -> bool:
+    """Whether ``env_id`` names an Atari game of ale-py (``ALE/Pong-v5``, ``PongNoFrameskip-v4``,
+    ``Pong-v4``), installed or not."""
+    if env_id.startswith("ALE/") or env_id.endswith(("NoFrameskip-v4", "NoFrameskip-v0")):
+        return True
+    spec = gym.registry.get(env_id)
+    return spec is not None and str(spec.entry_point).startswith("ale_py")
+
+
+def workload(env_id: str) -> str | None:
+    """``"atari"`` or ``"mujoco"`` when ``env_id`` is one of those (an :class:`Algorithm`'s
+    ``presets`` are keyed so), else ``None``."""
+    if is_atari(env_id):
+        return "atari"
+    spec = gym.registry.get(env_id)
+    if spec is not None and str(spec.entry_point).startswith("gymnasium.envs.mujoco"):
+        return "mujoco"
+    return None
+
+
+def _clip_reward(reward: Any) -> float:
+    return float(np.sign(reward))
+
+
+def make_atari(env_id: str, **kwargs: Any) -> gym.Env:
+    """An Atari game with the standard preprocessing of DQN and its successors (as rl-zoo and
+    cleanrl have it): up to 30 no-op starts, 4 frames skipped per step (rewards summed, the last
+    two frames max-pooled), grey 84x84 uint8 frames, 4 of them stacked (``(4, 84, 84)``), and
+    rewards clipped to their sign for learning. ``RecordEpisodeStatistics`` sits below the
+    clipping, so the episode returns mprl logs are the raw game score. ``ALE/*-v5`` games keep
+    their sticky actions (repeat probability 0.25), the ``NoFrameskip-v4`` ones have none."""
+    try:
+        import ale_py
+
+        gym.register_envs(ale_py)
+        env = gym.make(env_id, frameskip=1, **kwargs)  # the preprocessing skips frames itself
+        env = gym.wrappers.AtariPreprocessing(
+            env, noop_max=30, frame_skip=4, screen_size=84, terminal_on_life_loss=False,
+            grayscale_obs=True, scale_obs=False,
+        )  # fmt: skip
+    except (ImportError, gym.error.DependencyNotInstalled) as exc:
+        missing = exc.name if isinstance(exc, ImportError) else "opencv-python"
+        raise UsageError(
+            f"environment {env_id!r} is an Atari game, and {missing} is not installed: "
+            f"{ATARI_EXTRA}"
+        ) from None
+    env = gym.wrappers.RecordEpisodeStatistics(env)
+    env = gym.wrappers.TransformReward(env, _clip_reward)
+    return gym.wrappers.FrameStackObservation(env, 4)
 
 
 def imports_code(env_id: str) -> bool:
@@ -103,7 +167,8 @@ def play_episodes(
     """Play ``episodes`` whole episodes with ``act(obs_batch, deterministic) -> actions`` (a
     model's ``act``), the ``envs`` stepped together with one batched ``act`` per step; each
     env starts the next unplayed episode when its own ends. Episode ``i`` is reset with a seed
-    derived from ``seed`` and ``i``. Returns each episode's return and length, in episode order.
+    derived from ``seed`` and ``i``. Returns each episode's return (the raw score where
+    ``RecordEpisodeStatistics`` tells it) and length, in episode order.
     """
     returns, lengths = [0.0] * episodes, [0] * episodes
     playing: list[int | None] = [None] * len(envs)  # the episode each env is in
@@ -117,15 +182,18 @@ def play_episodes(
             obs[j], _ = envs[j].reset(seed=derive_seed(seed, started))
             started += 1
 
+    dtype = obs_dtype(envs[0].observation_space)
     for j in range(len(envs)):
         start(j)
     while active := [j for j, episode in enumerate(playing) if episode is not None]:
-        batch = torch.as_tensor(np.stack([np.asarray(obs[j], dtype=np.float32) for j in active]))
+        batch = torch.as_tensor(np.stack([obs[j] for j in active]), dtype=dtype)
         for j, action in zip(active, act(batch, deterministic), strict=True):
-            obs[j], reward, terminated, truncated, _ = envs[j].step(action)
+            obs[j], reward, terminated, truncated, info = envs[j].step(action)
             episode = playing[j]
             returns[episode] += float(reward)
             lengths[episode] += 1
             if terminated or truncated:
+                if "episode" in info:  # the raw score, under a wrapper that clips rewards
+                    returns[episode] = float(info["episode"]["r"])
                 start(j)
     return returns, lengths

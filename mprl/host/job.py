@@ -18,7 +18,7 @@ from mprl.backends.base import Job, available_memory
 from mprl.errors import PluginError, UsageError
 from mprl.host import checkpoint
 from mprl.host.config import build
-from mprl.host.envs import EnvFactory, check_trusted, make_env
+from mprl.host.envs import EnvFactory, check_trusted, make_env, workload
 from mprl.host.plugins import PluginManager
 from mprl.run_types import RunConfig
 from mprl.schema import Dims
@@ -55,15 +55,16 @@ def resolve(
 ) -> tuple[str, Algorithm, Any, RunConfig]:
     """The plugin name, algorithm, config and run options; UsageError on anything wrong."""
     plugin_name, algo = pm.algorithm(plugin)
-    if config is None or isinstance(config, Mapping):
-        config = build(algo.config_cls, config or {}, source=f"{algo.name} config")
-    elif not isinstance(config, algo.config_cls):
-        raise UsageError(f"config must be a {algo.config_cls.__qualname__} or a mapping")
     run_cfg = build(
         RunConfig, {k: v for k, v in run_options.items() if v is not None}, source="run option"
     )
     if not run_cfg.env:
         run_cfg = attrs.evolve(run_cfg, env=algo.default_env)
+    if config is None or isinstance(config, Mapping):
+        preset = algo.presets.get(workload(run_cfg.env) or "", {})
+        config = build(algo.config_cls, {**preset, **(config or {})}, source=f"{algo.name} config")
+    elif not isinstance(config, algo.config_cls):
+        raise UsageError(f"config must be a {algo.config_cls.__qualname__} or a mapping")
     return plugin_name, algo, config, run_cfg
 
 
@@ -179,6 +180,8 @@ def _built(algo: Algorithm, what: str, make: Any, *args: Any) -> Any:
     """``make(*args)``: a plugin's factory; whatever it raises names the algorithm."""
     try:
         return make(*args)
+    except UsageError:  # the plugin's own word on bad input (a config that cannot work)
+        raise
     except Exception as exc:
         first = (str(exc).strip().splitlines() or [""])[0]
         raise PluginError(

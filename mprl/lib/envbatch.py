@@ -10,16 +10,18 @@ import numpy as np
 import torch
 
 from mprl.lib.nets import ActorCritic
+from mprl.schema import obs_dtype
 
 
 def rollout_spec(
     obs_space: gym.Space, act_space: gym.Space, steps: int, envs: int
 ) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
     """The :class:`mprl.schema.Rollouts` spec of :meth:`EnvBatch.rollout`: ``steps`` steps of
-    ``envs`` environments, and the observations after the last step."""
+    ``envs`` environments, and the observations after the last step (uint8 frames stay uint8:
+    :func:`mprl.schema.obs_dtype`)."""
     discrete = isinstance(act_space, gym.spaces.Discrete)
     return {
-        "obs": ((steps + 1, envs, *obs_space.shape), torch.float32),
+        "obs": ((steps + 1, envs, *obs_space.shape), obs_dtype(obs_space)),
         "action": ((steps, envs), torch.int64)
         if discrete
         else ((steps, envs, *act_space.shape), torch.float32),
@@ -32,6 +34,9 @@ def rollout_spec(
 class EnvBatch:
     """The environments of one worker, stepped together: episode returns logged, time-limit
     truncation bootstrapped with the value of where the episode stopped, finished ones reset.
+    Observations keep the dtype :func:`mprl.schema.obs_dtype` gives (uint8 frames stay uint8).
+    The logged return is the env's own score: where a wrapper changed the rewards learned from
+    (Atari's clipping), gymnasium's ``RecordEpisodeStatistics`` below it tells the raw one.
 
     :param ctx: the worker's Context (environments and episode logging come from it).
     :param n: how many environments.
@@ -41,9 +46,8 @@ class EnvBatch:
     def __init__(self, ctx: Any, n: int, gamma: float) -> None:
         self.ctx, self.gamma = ctx, gamma
         self.envs = [ctx.make_env(i) for i in range(n)]
-        self.obs = torch.as_tensor(
-            np.stack([env.reset()[0] for env in self.envs]), dtype=torch.float32
-        )
+        self.dtype = obs_dtype(self.envs[0].observation_space)
+        self.obs = self._tensor(np.stack([env.reset()[0] for env in self.envs]))
         self.ep_return = [0.0] * n  # Python numbers: a numpy item update costs 4x as much
         self.ep_start = [0] * n  # the value of self.t when each env's episode began
         self.t = 0  # steps of this batch so far
@@ -65,20 +69,27 @@ class EnvBatch:
         self.t += 1
         next_obs, rewards, dones = [], [], [False] * len(self.envs)
         for i, env in enumerate(self.envs):
-            o, r, terminated, truncated, _ = env.step(env_actions[i])
+            o, r, terminated, truncated, info = env.step(env_actions[i])
             ep_return[i] += r
             if terminated or truncated:
                 if not terminated:
                     # a time limit, not a failure: the value of where it stopped still counts
                     with torch.no_grad():
-                        r += self.gamma * model.v(torch.as_tensor(o, dtype=torch.float32)).item()
-                self.ctx.log_episode(ep_return[i], self.t - self.ep_start[i])
+                        r += self.gamma * model.value(self._tensor(o[None])).item()
+                episode = info.get("episode")  # RecordEpisodeStatistics: the raw score
+                if episode is not None:
+                    self.ctx.log_episode(float(episode["r"]), int(episode["l"]))
+                else:
+                    self.ctx.log_episode(ep_return[i], self.t - self.ep_start[i])
                 ep_return[i], self.ep_start[i], dones[i] = 0.0, self.t, True
                 o, _ = env.reset()
             next_obs.append(o)
             rewards.append(r)
-        self.obs = torch.as_tensor(np.stack(next_obs), dtype=torch.float32)
+        self.obs = self._tensor(np.stack(next_obs))
         return rewards, dones
+
+    def _tensor(self, obs: np.ndarray) -> torch.Tensor:
+        return torch.as_tensor(obs, dtype=self.dtype)
 
     def rollout(self, model: ActorCritic, slot: dict[str, torch.Tensor]) -> None:
         """Act with ``model`` for as many steps as ``slot`` holds (one batched forward per step)
@@ -87,7 +98,7 @@ class EnvBatch:
         obs, actions, logps, rewards, dones = [], [], [], [], []
         for _ in range(steps):
             with torch.no_grad():
-                out = model.pi(self.obs)  # acting needs the policy head only
+                out = model.policy(self.obs)  # acting needs the policy head only
                 action = model.sample(out)
                 logp, _ = model.log_prob_entropy(out, action)
             obs.append(self.obs)

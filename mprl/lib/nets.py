@@ -1,6 +1,6 @@
-"""Actor-critic networks for Discrete (categorical) and Box (diagonal Gaussian) action spaces,
-their config, and an Adam for shared use: for algorithm plugins to build on (the built-in a3c,
-impala and ppo use them)."""
+"""Actor-critic networks for Discrete (categorical) and Box (diagonal Gaussian) action spaces
+over flat or image observations, their config, and an Adam for shared use: for algorithm plugins
+to build on (the built-in a3c, impala and ppo use them)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,11 @@ import numpy as np
 import torch
 from attrs import validators as v
 from torch import nn
+
+from mprl.errors import ConfigError
+
+#: the torsos :class:`ActorCritic` knows; ``auto``: ``nature`` for image observations, else ``mlp``
+TORSOS = ("auto", "mlp", "nature", "impala")
 
 
 def mlp(n_in: int, hidden: tuple[int, ...], n_out: int, out_gain: float) -> nn.Sequential:
@@ -32,23 +37,205 @@ def mlp(n_in: int, hidden: tuple[int, ...], n_out: int, out_gain: float) -> nn.S
     return nn.Sequential(*layers)
 
 
-class ActorCritic(nn.Module):
-    """Separate policy and value networks; ``dist_params`` gives logits or (mean, log_std)."""
+def is_image(space: gym.Space) -> bool:
+    """Whether ``space`` holds images: a uint8 ``Box`` of shape HxWxC or CxHxW."""
+    return isinstance(space, gym.spaces.Box) and space.dtype == np.uint8 and len(space.shape) == 3
 
-    def __init__(self, obs_space: gym.Space, act_space: gym.Space, hidden: tuple[int, ...]) -> None:
+
+def channels_last(shape: tuple[int, ...]) -> bool:
+    """Whether an image shape is HxWxC (a few channels last) rather than CxHxW."""
+    return shape[-1] <= 4 < shape[0]
+
+
+class ObsNorm(nn.Module):
+    """Observations standardised by a running mean and variance (Chan et al.'s parallel
+    update), kept as buffers: they travel with the model's weights to the workers, into
+    checkpoints and into ``mprl eval``. Only :meth:`update` changes them (the learner calls it
+    with each batch); until then it passes observations through unchanged."""
+
+    def __init__(self, shape: tuple[int, ...], clip: float = 10.0) -> None:
         super().__init__()
-        n_obs = int(np.prod(obs_space.shape))
+        self.clip = clip
+        self.register_buffer("mean", torch.zeros(shape, dtype=torch.float64))
+        self.register_buffer("var", torch.ones(shape, dtype=torch.float64))
+        self.register_buffer("count", torch.zeros((), dtype=torch.float64))
+
+    @torch.no_grad()
+    def update(self, obs: torch.Tensor) -> None:
+        """Fold a batch ``[..., *shape]`` of observations into the statistics."""
+        batch = obs.reshape(-1, *self.mean.shape).to(self.mean.dtype)
+        n, mean, var = batch.shape[0], batch.mean(0), batch.var(0, unbiased=False)
+        total = self.count + n
+        delta = mean - self.mean
+        self.var.copy_(
+            (self.var * self.count + var * n + delta.pow(2) * self.count * n / total) / total
+        )
+        self.mean.add_(delta * n / total)
+        self.count.copy_(total)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        if not self.count:  # nothing seen yet: the identity
+            return obs
+        std = (self.var + 1e-8).sqrt().to(obs.dtype)
+        return ((obs - self.mean.to(obs.dtype)) / std).clamp(-self.clip, self.clip)
+
+
+class ImageScale(nn.Module):
+    """uint8 frames (HxWxC or CxHxW) to float CxHxW in [0, 1], on whatever device they are:
+    frames travel as uint8 and are converted only where the network runs."""
+
+    def __init__(self, shape: tuple[int, ...]) -> None:
+        super().__init__()
+        self.last = channels_last(shape)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        if self.last:
+            obs = obs.movedim(-1, -3)
+        return obs.float() / 255.0
+
+
+def _init(layer: nn.Module, gain: float = math.sqrt(2)) -> nn.Module:
+    nn.init.orthogonal_(layer.weight, gain)  # type: ignore[arg-type]
+    nn.init.zeros_(layer.bias)  # type: ignore[arg-type]
+    return layer
+
+
+def nature_cnn(shape: tuple[int, ...]) -> tuple[nn.Module, int]:
+    """The convolutional torso of Mnih et al. 2015 (Nature DQN) for frames of ``shape``, and
+    its output size (512)."""
+    c, h, w = (shape[2], shape[0], shape[1]) if channels_last(shape) else shape
+    convs = nn.Sequential(
+        _init(nn.Conv2d(c, 32, 8, stride=4)), nn.ReLU(),
+        _init(nn.Conv2d(32, 64, 4, stride=2)), nn.ReLU(),
+        _init(nn.Conv2d(64, 64, 3, stride=1)), nn.ReLU(),
+        nn.Flatten(),
+    )  # fmt: skip
+    with torch.no_grad():
+        n_flat = convs(torch.zeros(1, c, h, w)).shape[1]
+    return nn.Sequential(ImageScale(shape), convs, _init(nn.Linear(n_flat, 512)), nn.ReLU()), 512
+
+
+class _Residual(nn.Module):
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.conv0 = nn.Conv2d(channels, channels, 3, padding=1)
+        self.conv1 = nn.Conv2d(channels, channels, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.conv1(torch.relu(self.conv0(torch.relu(x))))
+
+
+def impala_cnn(
+    shape: tuple[int, ...], channels: tuple[int, ...] = (16, 32, 32)
+) -> tuple[nn.Module, int]:
+    """The residual torso of Espeholt et al. 2018 (IMPALA's "deep" network) for frames of
+    ``shape``, and its output size (256)."""
+    c, h, w = (shape[2], shape[0], shape[1]) if channels_last(shape) else shape
+    layers: list[nn.Module] = [ImageScale(shape)]
+    for out in channels:
+        layers += [
+            nn.Conv2d(c, out, 3, padding=1),
+            nn.MaxPool2d(3, stride=2, padding=1),
+            _Residual(out),
+            _Residual(out),
+        ]
+        c, h, w = out, (h + 1) // 2, (w + 1) // 2
+    layers += [nn.ReLU(), nn.Flatten(), _init(nn.Linear(c * h * w, 256)), nn.ReLU()]
+    return nn.Sequential(*layers), 256
+
+
+def resolve_torso(obs_space: gym.Space, torso: str) -> str:
+    """The torso ``torso`` stands for with ``obs_space`` (``auto``: ``nature`` for images, else
+    ``mlp``); a ``ConfigError`` for a choice that cannot work, with the one that does."""
+    if torso not in TORSOS:
+        raise ConfigError(f"config field 'torso': {torso!r} is not one of {', '.join(TORSOS)}")
+    image = is_image(obs_space)
+    if torso == "auto":
+        return "nature" if image else "mlp"
+    if image and torso == "mlp":
+        raise ConfigError(
+            f"config field 'torso': the observations are images {tuple(obs_space.shape)} uint8, "
+            f"which an MLP cannot learn from; use --set torso=nature (or impala, or auto)"
+        )
+    if not image and torso != "mlp":
+        raise ConfigError(
+            f"config field 'torso': {torso!r} needs image observations (a uint8 Box HxWxC or "
+            f"CxHxW), and these are {obs_space}; use --set torso=mlp (or auto)"
+        )
+    return torso
+
+
+class ActorCritic(nn.Module):
+    """A policy and a value function; ``forward`` gives (logits or Gaussian mean, value).
+
+    Over flat observations the policy and the value are separate MLPs (``torso="mlp"``);
+    over images they share a convolutional torso (``nature`` or ``impala``) that takes the
+    uint8 frames as they are and scales them itself. :meth:`policy` and :meth:`value` run one side.
+    With ``normalize_obs``, flat observations are standardised first (:class:`ObsNorm`,
+    ``self.obs_norm``, which the learner updates).
+    """
+
+    def __init__(
+        self,
+        obs_space: gym.Space,
+        act_space: gym.Space,
+        hidden: tuple[int, ...],
+        torso: str = "auto",
+        normalize_obs: bool = False,
+    ) -> None:
+        super().__init__()
         self.discrete = isinstance(act_space, gym.spaces.Discrete)
         n_act = int(act_space.n) if self.discrete else int(np.prod(act_space.shape))
-        self.pi = mlp(n_obs, hidden, n_act, 0.01)
-        self.v = mlp(n_obs, hidden, 1, 1.0)
+        self.torso_kind = resolve_torso(obs_space, torso)
+        if normalize_obs and self.torso_kind != "mlp":
+            raise ConfigError(
+                "config field 'normalize_obs': image observations are scaled to [0, 1] already; "
+                "use --set normalize_obs=false"
+            )
+        self.obs_norm = ObsNorm(tuple(obs_space.shape)) if normalize_obs else None
+        if self.torso_kind == "mlp":
+            n_obs = int(np.prod(obs_space.shape))
+            self.pi = mlp(n_obs, hidden, n_act, 0.01)
+            self.v = mlp(n_obs, hidden, 1, 1.0)
+            self.torso = None
+        else:
+            build = nature_cnn if self.torso_kind == "nature" else impala_cnn
+            self.torso, n_features = build(tuple(obs_space.shape))
+            self.pi_head = _init(nn.Linear(n_features, n_act), 0.01)
+            self.v_head = _init(nn.Linear(n_features, 1), 1.0)
         if not self.discrete:
             self.log_std = nn.Parameter(torch.zeros(n_act))
             self.register_buffer("low", torch.as_tensor(act_space.low, dtype=torch.float32))
             self.register_buffer("high", torch.as_tensor(act_space.high, dtype=torch.float32))
 
+    def observe(self, obs: torch.Tensor) -> None:
+        """Fold a batch of observations into the normalisation statistics (with
+        ``normalize_obs``; else nothing). The learner calls it as it publishes an update, so the
+        workers get the statistics with the weights."""
+        if self.obs_norm is not None:
+            self.obs_norm.update(obs)
+
+    def _in(self, obs: torch.Tensor) -> torch.Tensor:
+        return obs if self.obs_norm is None else self.obs_norm(obs)
+
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.pi(obs), self.v(obs).squeeze(-1)
+        if self.torso is None:
+            obs = self._in(obs)
+            return self.pi(obs), self.v(obs).squeeze(-1)
+        features = self.torso(obs)
+        return self.pi_head(features), self.v_head(features).squeeze(-1)
+
+    def policy(self, obs: torch.Tensor) -> torch.Tensor:
+        """The policy's output (logits, or the Gaussian's mean) alone: what acting needs."""
+        if self.torso is None:
+            return self.pi(self._in(obs))
+        return self.pi_head(self.torso(obs))
+
+    def value(self, obs: torch.Tensor) -> torch.Tensor:
+        """The value of each observation of a batch, ``[B]``."""
+        if self.torso is None:
+            return self.v(self._in(obs)).squeeze(-1)
+        return self.v_head(self.torso(obs)).squeeze(-1)
 
     def sample(self, out: torch.Tensor) -> torch.Tensor:
         if self.discrete:
@@ -72,7 +259,7 @@ class ActorCritic(nn.Module):
         """Actions for a batch of observations, as the env takes them: sampled, or the most
         likely (argmax / the Gaussian's mean) when ``deterministic``. ``mprl eval`` uses it."""
         with torch.no_grad():
-            out = self.pi(obs)
+            out = self.policy(obs)
             if not deterministic:
                 actions = self.sample(out)
             else:
@@ -82,8 +269,8 @@ class ActorCritic(nn.Module):
     def to_env(self, actions: torch.Tensor) -> np.ndarray:
         """Actions as the env takes them (Box actions clipped to the bounds)."""
         if self.discrete:
-            return actions.numpy()
-        return torch.max(torch.min(actions, self.high), self.low).numpy()
+            return actions.cpu().numpy()
+        return torch.max(torch.min(actions, self.high), self.low).cpu().numpy()
 
 
 def field_help(text: str) -> dict[str, str]:
@@ -121,13 +308,29 @@ class ActorCriticConfig:
         default=(64, 64),
         converter=tuple,
         validator=v.deep_iterable(v.and_(v.instance_of(int), v.gt(0))),
-        metadata=field_help("hidden layer sizes of the policy and value networks"),
+        metadata=field_help("hidden layer sizes of the policy and value MLPs"),
+    )
+    torso: str = attrs.field(
+        default="auto",
+        validator=v.in_(TORSOS),
+        metadata=field_help(
+            "network over the observations: mlp, nature (CNN of Nature DQN), impala (residual "
+            "CNN); auto: nature for images (uint8 HxWxC / CxHxW), else mlp"
+        ),
+    )
+    normalize_obs: bool = attrs.field(
+        default=False,
+        metadata=field_help(
+            "standardise flat observations by running mean/std (learned by the train process, "
+            "sent to workers with the weights, checkpointed): on for MuJoCo"
+        ),
     )
 
 
 def make_model(obs_space: gym.Space, act_space: gym.Space, config: ActorCriticConfig) -> nn.Module:
-    """An :class:`ActorCritic` with ``config.hidden`` layers (an ``Algorithm.make_model``)."""
-    return ActorCritic(obs_space, act_space, config.hidden)
+    """An :class:`ActorCritic` with the config's ``hidden``, ``torso`` and ``normalize_obs``
+    (an ``Algorithm.make_model``)."""
+    return ActorCritic(obs_space, act_space, config.hidden, config.torso, config.normalize_obs)
 
 
 _ADAM_STEP = inspect.unwrap(torch.optim.Adam.step)

@@ -11,7 +11,7 @@ import gymnasium as gym
 
 import mprl
 from mprl.lib.nets import make_model, make_optimizer
-from mprl_a3c.algorithm import A3CConfig, worker
+from mprl_a3c.algorithm import PRESETS, A3CConfig, worker
 
 __version__ = "0.1.0"
 
@@ -21,7 +21,8 @@ ALGORITHM = mprl.Algorithm(
     make_model=make_model,
     make_optimizer=make_optimizer,
     worker=worker,
-    observation_spaces=(gym.spaces.Box,),  # flat vectors: the networks are MLPs
+    observation_spaces=(gym.spaces.Box,),  # flat vectors (MLP) or images (CNN)
+    presets=PRESETS,
     description="Hogwild A3C: n-step actor-critic, shared model and shared Adam",
 )
 

@@ -16,6 +16,16 @@ from mprl.lib.nets import ActorCritic, ActorCriticConfig
 LOG_EVERY = 50  # updates between loss records: reporting must not cost more than learning
 
 
+#: config by workload (``Algorithm.presets``), under the user's own values: A3C's Atari
+#: settings (Mnih et al. 2016: t_max 5, entropy 0.01), Adam in place of shared RMSProp
+PRESETS = {
+    "atari": {
+        "lr": 1e-4, "envs_per_worker": 8, "n_steps": 5, "gamma": 0.99, "entropy_coef": 0.01,
+        "max_grad_norm": 40.0,
+    },
+}  # fmt: skip
+
+
 @attrs.frozen
 class A3CConfig(ActorCriticConfig):
     """A3C hyperparameters; the defaults solve CartPole-v1 on two cores."""
@@ -47,7 +57,7 @@ def worker(ctx: mprl.Context) -> None:
     shared_params = list(shared.parameters())
     envs = EnvBatch(ctx, cfg.envs_per_worker, cfg.gamma)
     n_envs, horizon = len(envs), cfg.n_steps
-    obs_buf = torch.empty((horizon, n_envs, *envs.obs.shape[1:]), dtype=torch.float32)
+    obs_buf = torch.empty((horizon, *envs.obs.shape), dtype=envs.obs.dtype)
     rew_buf = torch.empty((horizon, n_envs))
     done_buf = torch.empty((horizon, n_envs))
     act_buf: torch.Tensor | None = None
@@ -70,7 +80,7 @@ def worker(ctx: mprl.Context) -> None:
         ctx.add_steps(horizon * n_envs)
 
         with torch.no_grad():
-            last_value = local.v(envs.obs).squeeze(-1)
+            last_value = local.value(envs.obs)
         returns = _n_step_returns(rew_buf, done_buf, last_value, cfg.gamma).flatten()
         out, values = local(obs_buf.flatten(0, 1))
         assert act_buf is not None
@@ -89,6 +99,7 @@ def worker(ctx: mprl.Context) -> None:
         for shared_p, local_p in zip(shared_params, local.parameters(), strict=True):
             shared_p.grad = local_p.grad  # Hogwild: this process's gradient, shared weights
         optimizer.step()
+        shared.observe(obs_buf)  # normalisation statistics, with normalize_obs (Hogwild too)
         updates += 1
         if updates % LOG_EVERY == 0:
             ctx.log(

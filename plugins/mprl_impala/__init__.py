@@ -12,6 +12,7 @@ import gymnasium as gym
 import mprl
 from mprl.lib.nets import make_model, make_optimizer
 from mprl_impala.algorithm import (
+    PRESETS,
     SCHEMA,
     ImpalaConfig,
     train,
@@ -27,8 +28,9 @@ ALGORITHM = mprl.Algorithm(
     make_optimizer=make_optimizer,
     schema=SCHEMA,
     worker=worker,
-    observation_spaces=(gym.spaces.Box,),  # flat vectors: the networks are MLPs
+    observation_spaces=(gym.spaces.Box,),  # flat vectors (MLP) or images (CNN)
     train=train,
+    presets=PRESETS,
     description="IMPALA: collecting workers, one V-trace learner, rollout slots",
 )
 

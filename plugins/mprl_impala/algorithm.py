@@ -24,6 +24,21 @@ LOG_EVERY_S = 2.0  # how often the learner reports losses, rates and staleness
 COUNT_EVERY_S = 1.0  # how often a worker publishes its rollout count to the Manager
 
 
+#: config by workload (``Algorithm.presets``), under the user's own values
+PRESETS = {
+    # IMPALA's Atari settings (Espeholt et al. 2018, table G.1: unroll 20, entropy 0.01, clip
+    # 40), with Adam in place of RMSProp at the lr of the "deep" network's runs
+    "atari": {
+        "lr": 6e-4, "envs_per_worker": 8, "unroll": 20, "batch_rollouts": 4, "gamma": 0.99,
+        "entropy_coef": 0.01, "value_coef": 0.5, "max_grad_norm": 40.0,
+    },
+    "mujoco": {
+        "lr": 3e-4, "envs_per_worker": 4, "unroll": 64, "batch_rollouts": 2, "gamma": 0.99,
+        "entropy_coef": 0.0, "max_grad_norm": 0.5, "normalize_obs": True,
+    },
+}  # fmt: skip
+
+
 def _rollout(dims: schema.Dims) -> dict[str, Any]:
     """One rollout: ``unroll`` steps of ``envs_per_worker`` environments."""
     cfg: ImpalaConfig = dims.config
@@ -178,6 +193,7 @@ def update(
     grad_norm = nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
     with publishing(model):
         optimizer.step()
+        model.observe(obs[:-1])  # normalisation statistics, with normalize_obs
     return {
         "policy_loss": policy_loss.detach(),
         "value_loss": value_loss.detach(),

@@ -12,7 +12,7 @@ import gymnasium as gym
 
 import mprl
 from mprl.lib.nets import make_model, make_optimizer
-from mprl_ppo.algorithm import SCHEMA, PPOConfig, gae, train, worker
+from mprl_ppo.algorithm import PRESETS, SCHEMA, PPOConfig, gae, train, worker
 
 __version__ = "0.1.0"
 __all__ = ["ALGORITHM", "PPOConfig", "gae"]
@@ -24,8 +24,9 @@ ALGORITHM = mprl.Algorithm(
     make_optimizer=make_optimizer,
     schema=SCHEMA,
     worker=worker,
-    observation_spaces=(gym.spaces.Box,),  # flat vectors: the networks are MLPs
+    observation_spaces=(gym.spaces.Box,),  # flat vectors (MLP) or images (CNN)
     train=train,
+    presets=PRESETS,
     description="PPO: synchronous collecting workers, one clipped-PPO learner with GAE",
 )
 

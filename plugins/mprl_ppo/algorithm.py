@@ -67,6 +67,25 @@ class PPOConfig(ActorCriticConfig):
     )
 
 
+#: config by workload (``Algorithm.presets``), under the user's own values
+PRESETS = {
+    # cleanrl's ppo_atari (Huang et al. 2022, "The 37 implementation details of PPO")
+    "atari": {
+        "lr": 2.5e-4, "envs_per_worker": 8, "n_steps": 128, "gamma": 0.99, "gae_lambda": 0.95,
+        "epochs": 4, "minibatch_size": 256, "clip": 0.1, "value_clip": 0.1,
+        "entropy_coef": 0.01, "value_coef": 0.5, "max_grad_norm": 0.5,
+        "anneal_steps": 10_000_000,
+    },
+    # cleanrl's ppo_continuous_action, observations normalised (2 workers: its 2048-step batch)
+    "mujoco": {
+        "lr": 3e-4, "envs_per_worker": 1, "n_steps": 1024, "gamma": 0.99, "gae_lambda": 0.95,
+        "epochs": 10, "minibatch_size": 64, "clip": 0.2, "entropy_coef": 0.0,
+        "value_coef": 0.5, "max_grad_norm": 0.5, "anneal_steps": 1_000_000,
+        "normalize_obs": True,
+    },
+}  # fmt: skip
+
+
 def _rollout(dims: schema.Dims) -> dict[str, Any]:
     """One iteration's rollout of a worker: ``n_steps`` steps of ``envs_per_worker`` envs."""
     cfg: PPOConfig = dims.config
@@ -131,7 +150,7 @@ def train(ctx: mprl.Context) -> None:
         obs = batch["obs"].flatten(1, 2)  # [T + 1, N, ...]
         t_len, n = batch["reward"].flatten(1, 2).shape
         with torch.no_grad():
-            values = model.v(obs.flatten(0, 1)).view(t_len + 1, n)
+            values = model.value(obs.flatten(0, 1)).view(t_len + 1, n)
         rewards = batch["reward"].flatten(1, 2) * cfg.reward_scale
         advantages = gae(rewards, batch["done"].flatten(1, 2), values, cfg.gamma, cfg.gae_lambda)
         returns = advantages + values[:-1]
@@ -150,6 +169,7 @@ def train(ctx: mprl.Context) -> None:
             group["lr"] = cfg.lr * fraction
         with weights.publishing(model):
             report = _update(ctx, cfg, model, optimizer, data, generator)
+            model.observe(data[0])  # normalisation statistics, with normalize_obs
         report["lr"] = cfg.lr * fraction
         if time.monotonic() - last_log >= LOG_EVERY_S:
             last_log, updates_at_log = _log(ctx, report, weights.version, last_log, updates_at_log)
@@ -177,8 +197,9 @@ def _update(
     size = data[0].shape[0]
     stats: dict[str, float] = {}
     for _ in range(cfg.epochs):
-        ctx.heartbeat()
         for index in torch.randperm(size, generator=generator).split(cfg.minibatch_size):
+            if ctx.should_stop():  # an update of big batches takes seconds: stop in time
+                return stats
             obs, actions, old_logp, advantages, returns, old_values = (d[index] for d in data)
             if cfg.normalize_advantages and advantages.numel() > 1:
                 advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)

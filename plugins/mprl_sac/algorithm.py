@@ -1,0 +1,390 @@
+"""SAC: workers act with the newest published policy and fill a replay buffer; one train process
+samples it and runs Soft Actor-Critic (Haarnoja et al. 2018: twin Q networks with target copies,
+a tanh-squashed Gaussian policy, the entropy coefficient tuned to a target entropy).
+
+Replay ratio: the learner makes ``gradient_steps`` updates per ``steps_per_update`` env steps
+collected after ``learning_starts`` (SB3's ``train_freq`` / ``gradient_steps``): it waits for
+data when it is level with the workers, and the workers wait for it when they are ``max_lead``
+env steps ahead. On the serial backend that is SB3's loop; on the others the workers keep
+``max_lead`` steps of work ready for a learner that is slower than they are.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from typing import Any, Literal
+
+import attrs
+import gymnasium as gym
+import numpy as np
+import torch
+from attrs import validators as v
+from torch import nn
+from torch.nn import functional as F
+
+import mprl
+from mprl import schema
+from mprl.errors import UsageError
+from mprl.lib.nets import Adam, field_help
+
+LOG_EVERY_UPDATES = 250  # the learner's report: by updates, not seconds (a serial run repeats)
+LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0  # SB3's clamp of the policy's log standard deviation
+IDLE_LOOKS = 16  # looks without a new env step before a learner waiting for data sleeps
+
+
+def _ent_coef(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if value == "auto":
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+        raise ValueError(f"'{attribute.name}' must be 'auto' or a number >= 0, got {value!r}")
+
+
+@attrs.frozen
+class SACConfig:
+    """SAC hyperparameters; the defaults are Stable-Baselines3's (but the replay capacity)."""
+
+    lr: float = attrs.field(
+        default=3e-4, validator=v.gt(0.0), metadata=field_help("Adam learning rate of all three")
+    )
+    buffer_size: int = attrs.field(
+        default=300_000,
+        validator=v.ge(1),
+        metadata=field_help(
+            "replay capacity in transitions (SB3: 1e6); allocated whole in shared memory and "
+            "saved in every checkpoint, so a run shorter than this behaves as with SB3's"
+        ),
+    )
+    learning_starts: int = attrs.field(
+        default=1000,
+        validator=v.ge(0),
+        metadata=field_help("env steps of uniformly random actions before learning starts"),
+    )
+    batch_size: int = attrs.field(
+        default=256, validator=v.ge(1), metadata=field_help("transitions per update")
+    )
+    tau: float = attrs.field(
+        default=0.005,
+        validator=[v.gt(0.0), v.le(1.0)],
+        metadata=field_help("target networks move this fraction towards the critics per update"),
+    )
+    gamma: float = attrs.field(
+        default=0.99, validator=[v.ge(0.0), v.le(1.0)], metadata=field_help("discount factor")
+    )
+    steps_per_update: int = attrs.field(
+        default=1,
+        validator=v.ge(1),
+        metadata=field_help("env steps per round of gradient_steps updates (SB3's train_freq)"),
+    )
+    gradient_steps: int = attrs.field(
+        default=1,
+        validator=v.ge(1),
+        metadata=field_help("updates per steps_per_update env steps (the replay ratio)"),
+    )
+    max_lead: int = attrs.field(
+        default=200,
+        validator=v.ge(1),
+        metadata=field_help(
+            "env steps the workers may collect beyond the learner's pace before they wait for it"
+        ),
+    )
+    ent_coef: Literal["auto"] | float = attrs.field(
+        default="auto",
+        validator=_ent_coef,
+        metadata=field_help("entropy coefficient alpha: 'auto' (tuned) or a fixed number"),
+    )
+    init_ent_coef: float = attrs.field(
+        default=1.0, validator=v.gt(0.0), metadata=field_help("alpha to start from when 'auto'")
+    )
+    target_entropy: float | None = attrs.field(
+        default=None,
+        metadata=field_help("the entropy 'auto' tunes alpha towards (default: -dim(actions))"),
+    )
+    hidden: tuple[int, ...] = attrs.field(
+        default=(256, 256),
+        converter=tuple,
+        validator=[v.min_len(1), v.deep_iterable(v.and_(v.instance_of(int), v.gt(0)))],
+        metadata=field_help("hidden layer sizes of the policy and of each Q network"),
+    )
+
+
+SCHEMA = schema.Schema(
+    replay=schema.ReplayBuffer(capacity="config.buffer_size"),  # rows shaped by the spaces
+    weights=schema.Weights(),  # the learner's model, published to the workers
+    target=schema.Module(),  # a copy of the model: its critic is the target critic
+    updates=schema.Counter(),  # the learner's updates: how far workers may run ahead
+)
+
+
+def _mlp(n_in: int, hidden: tuple[int, ...], n_out: int) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for h in hidden:
+        layers += [nn.Linear(n_in, h), nn.ReLU()]
+        n_in = h
+    layers.append(nn.Linear(n_in, n_out))
+    return nn.Sequential(*layers)
+
+
+class Actor(nn.Module):
+    """A tanh-squashed diagonal Gaussian policy; actions in [-1, 1] (scaled by the model)."""
+
+    def __init__(self, n_obs: int, n_act: int, hidden: tuple[int, ...]) -> None:
+        super().__init__()
+        self.body = _mlp(n_obs, hidden[:-1], hidden[-1])
+        self.mu = nn.Linear(hidden[-1], n_act)
+        self.log_std = nn.Linear(hidden[-1], n_act)
+
+    def forward(
+        self,
+        obs: torch.Tensor,
+        deterministic: bool = False,
+        generator: torch.Generator | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Squashed actions ``[B, n_act]`` (reparameterised: gradients flow through them) and
+        their log-probabilities ``[B]``."""
+        latent = F.relu(self.body(obs))
+        mu = self.mu(latent)
+        log_std = self.log_std(latent).clamp(LOG_STD_MIN, LOG_STD_MAX)
+        if deterministic:
+            noise = torch.zeros_like(mu)
+        else:
+            noise = torch.randn(mu.shape, generator=generator, dtype=mu.dtype, device=mu.device)
+        u = mu + log_std.exp() * noise
+        gauss = -0.5 * noise.pow(2) - log_std - 0.5 * math.log(2 * math.pi)
+        # log |d tanh(u) / du| = log(1 - tanh(u)^2), in a form that is stable for large |u|
+        squash = 2.0 * (math.log(2.0) - u - F.softplus(-2.0 * u))
+        return torch.tanh(u), (gauss - squash).sum(-1)
+
+
+class TwinQ(nn.Module):
+    """Two Q networks over (observation, squashed action)."""
+
+    def __init__(self, n_obs: int, n_act: int, hidden: tuple[int, ...]) -> None:
+        super().__init__()
+        self.q1 = _mlp(n_obs + n_act, hidden, 1)
+        self.q2 = _mlp(n_obs + n_act, hidden, 1)
+
+    def forward(self, obs: torch.Tensor, act: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = torch.cat([obs, act], -1)
+        return self.q1(x).squeeze(-1), self.q2(x).squeeze(-1)
+
+
+class SACModel(nn.Module):
+    """The policy, the twin critics and log(alpha); ``act`` plays it (``mprl eval``)."""
+
+    def __init__(
+        self, obs_space: gym.spaces.Box, act_space: gym.spaces.Box, config: SACConfig
+    ) -> None:
+        super().__init__()
+        n_obs = int(np.prod(obs_space.shape))
+        self.act_shape = tuple(act_space.shape)
+        n_act = int(np.prod(self.act_shape))
+        self.actor = Actor(n_obs, n_act, config.hidden)
+        self.critic = TwinQ(n_obs, n_act, config.hidden)
+        self.log_alpha = nn.Parameter(torch.full((1,), math.log(config.init_ent_coef)))
+        low = torch.as_tensor(act_space.low, dtype=torch.float32).flatten()
+        high = torch.as_tensor(act_space.high, dtype=torch.float32).flatten()
+        self.register_buffer("scale", (high - low) / 2)
+        self.register_buffer("center", (high + low) / 2)
+
+    @staticmethod
+    def flat(obs: torch.Tensor) -> torch.Tensor:
+        return obs.reshape(obs.shape[0], -1).float()
+
+    def to_env(self, squashed: torch.Tensor) -> np.ndarray:
+        """Squashed actions ``[B, n_act]`` as the env takes them: ``[B, *action_shape]``."""
+        actions = self.center + self.scale * squashed
+        return actions.reshape(-1, *self.act_shape).numpy()
+
+    def act(self, obs: torch.Tensor, deterministic: bool = False) -> np.ndarray:
+        """Actions for a batch of observations: sampled, or tanh(mean) when ``deterministic``."""
+        with torch.no_grad():
+            squashed, _ = self.actor(self.flat(obs), deterministic)
+        return self.to_env(squashed)
+
+
+def make_model(obs_space: gym.Space, act_space: gym.Space, config: SACConfig) -> nn.Module:
+    if not isinstance(act_space, gym.spaces.Box):  # the algorithm's action_spaces refuse it first
+        raise UsageError(f"sac needs continuous (Box) actions, not {type(act_space).__name__}")
+    if not (np.all(np.isfinite(act_space.low)) and np.all(np.isfinite(act_space.high))):
+        raise UsageError(
+            "sac squashes its actions into the action space's bounds, which must be finite; "
+            f"these are {act_space.low} .. {act_space.high} (rescale them with a wrapper)"
+        )
+    return SACModel(obs_space, act_space, config)
+
+
+def _adam(params: Any, config: SACConfig) -> torch.optim.Optimizer:
+    params = list(params)
+    try:
+        return Adam(params, lr=config.lr, fused=True)
+    except RuntimeError:  # torch < 2.4: no fused Adam on CPU
+        return Adam(params, lr=config.lr)
+
+
+def actor_optimizer(model: SACModel, config: SACConfig) -> torch.optim.Optimizer:
+    return _adam(model.actor.parameters(), config)
+
+
+def critic_optimizer(model: SACModel, config: SACConfig) -> torch.optim.Optimizer:
+    return _adam(model.critic.parameters(), config)
+
+
+def alpha_optimizer(model: SACModel, config: SACConfig) -> torch.optim.Optimizer:
+    return _adam([model.log_alpha], config)
+
+
+def _consumed(cfg: SACConfig, updates: int) -> float:
+    """The env steps (after ``learning_starts``) that ``updates`` updates stand for."""
+    return updates * cfg.steps_per_update / cfg.gradient_steps
+
+
+def worker(ctx: mprl.Context) -> None:
+    """Step one env with the newest published policy (uniformly random actions for the first
+    ``learning_starts`` env steps of the run); every transition goes to the replay buffer."""
+    cfg: SACConfig = ctx.config
+    replay, weights, updates = ctx.state.replay, ctx.state.weights, ctx.state.updates
+    local: SACModel = copy.deepcopy(ctx.model)  # type: ignore[assignment]
+    version = -1
+    generator = torch.Generator().manual_seed(ctx.seed)
+    env = ctx.make_env()
+    n_act = int(np.prod(env.action_space.shape))
+    obs, _ = env.reset()
+    episode_return, length = 0.0, 0
+    try:
+        while not ctx.should_stop():
+            steps = ctx.env_steps
+            if steps - cfg.learning_starts - cfg.max_lead >= _consumed(cfg, updates.value):
+                # ahead of the learner: wait for its next update (None: the run stops)
+                weights.wait(version)
+                version = weights.pull(local, version)
+                continue
+            version = weights.pull(local, version)
+            obs_t = SACModel.flat(torch.as_tensor(obs)[None])
+            if steps < cfg.learning_starts:
+                squashed = torch.rand((1, n_act), generator=generator) * 2.0 - 1.0
+            else:
+                with torch.no_grad():
+                    squashed, _ = local.actor(obs_t, generator=generator)
+            action = local.to_env(squashed)[0]
+            nxt, reward, terminated, truncated, _ = env.step(action)
+            replay.add(
+                obs=torch.as_tensor(obs)[None],
+                action=squashed.reshape(1, *env.action_space.shape),  # in [-1, 1]
+                reward=torch.tensor([float(reward)]),
+                next_obs=torch.as_tensor(nxt)[None],
+                done=torch.tensor([float(terminated)]),  # a truncated episode bootstraps
+            )
+            ctx.add_steps(1)
+            episode_return, length, obs = episode_return + float(reward), length + 1, nxt
+            if terminated or truncated:
+                ctx.log_episode(episode_return, length)
+                (obs, _), episode_return, length = env.reset(), 0.0, 0
+    finally:
+        env.close()
+
+
+def train(ctx: mprl.Context) -> None:
+    """Sample the replay buffer and update critics, policy and alpha, at the replay ratio."""
+    cfg: SACConfig = ctx.config
+    replay, weights, target, updates = (
+        ctx.state.replay, ctx.state.weights, ctx.state.target, ctx.state.updates,
+    )  # fmt: skip
+    model: SACModel = ctx.model  # type: ignore[assignment]
+    optimizers = ctx.optimizers
+    generator = torch.Generator().manual_seed(ctx.seed)
+    n_act = int(np.prod(model.act_shape))
+    target_entropy = -float(n_act) if cfg.target_entropy is None else cfg.target_entropy
+    critic_params = list(model.critic.parameters())
+    idle, seen, report = 0, -1, {}
+    last_log, updates_at_log = time.monotonic(), updates.value
+    while not ctx.should_stop():
+        done, steps = updates.value, ctx.env_steps
+        batch = None
+        if steps - cfg.learning_starts > _consumed(cfg, done):
+            batch = replay.sample(cfg.batch_size, generator)
+        if batch is None:  # level with the workers: wait for their next steps
+            # sleep only while they take none: on the serial backend every look at
+            # should_stop() gives them a turn (a step), and a sleep would stall them too
+            idle, seen = (idle + 1, seen) if steps == seen else (0, steps)
+            if idle > IDLE_LOOKS:
+                time.sleep(0.001)
+            continue
+        report = _update(cfg, model, optimizers, target.critic, critic_params, batch,
+                         target_entropy, generator, weights, updates)  # fmt: skip
+        if (done + 1) % LOG_EVERY_UPDATES == 0:
+            last_log, updates_at_log = _log(ctx, report, updates.value, last_log, updates_at_log)
+    if report and updates.value > updates_at_log:  # the last stretch, so short runs report too
+        _log(ctx, report, updates.value, last_log, updates_at_log)
+
+
+def _log(
+    ctx: mprl.Context, report: dict[str, float], done: int, since: float, done_then: int
+) -> tuple[float, int]:
+    now = time.monotonic()
+    rate = (done - done_then) / max(now - since, 1e-9)
+    ctx.log(**report, updates=done, updates_per_s=rate)
+    return now, done
+
+
+def _update(
+    cfg: SACConfig,
+    model: SACModel,
+    optimizers: dict[str, torch.optim.Optimizer],
+    target_critic: TwinQ,
+    critic_params: list[torch.Tensor],
+    batch: dict[str, torch.Tensor],
+    target_entropy: float,
+    generator: torch.Generator,
+    weights: Any,
+    updates: Any,
+) -> dict[str, float]:
+    """One SAC update (in SB3's order: alpha, critics, policy, targets); its numbers."""
+    obs, next_obs = model.flat(batch["obs"]), model.flat(batch["next_obs"])
+    actions = batch["action"].reshape(obs.shape[0], -1)
+    rewards, dones = batch["reward"], batch["done"]
+
+    squashed, logp = model.actor(obs, generator=generator)
+    if cfg.ent_coef == "auto":
+        alpha = model.log_alpha.detach().exp()
+        alpha_loss = -(model.log_alpha * (logp.detach() + target_entropy)).mean()
+        optimizers["alpha"].zero_grad()
+        alpha_loss.backward()
+        optimizers["alpha"].step()
+    else:
+        alpha = torch.tensor(float(cfg.ent_coef))
+        alpha_loss = torch.zeros(())
+
+    with torch.no_grad():
+        next_squashed, next_logp = model.actor(next_obs, generator=generator)
+        next_q = torch.min(*target_critic(next_obs, next_squashed))
+        wanted = rewards + cfg.gamma * (1.0 - dones) * (next_q - alpha * next_logp)
+    q1, q2 = model.critic(obs, actions)
+    critic_loss = 0.5 * (F.mse_loss(q1, wanted) + F.mse_loss(q2, wanted))
+    optimizers["critic"].zero_grad()
+    critic_loss.backward()
+    optimizers["critic"].step()
+
+    for p in critic_params:  # the policy's loss needs no gradients of the critics' weights
+        p.requires_grad_(False)
+    q_pi = torch.min(*model.critic(obs, squashed))
+    actor_loss = (alpha * logp - q_pi).mean()
+    optimizers["actor"].zero_grad()
+    actor_loss.backward()
+    for p in critic_params:
+        p.requires_grad_(True)
+    with weights.publishing(model):  # the policy the workers act with: one new version
+        optimizers["actor"].step()
+        updates.add(1)  # counted before the version shows: a worker woken by it sees it
+
+    with torch.no_grad():
+        torch._foreach_lerp_(list(target_critic.parameters()), critic_params, cfg.tau)
+    return {
+        "critic_loss": critic_loss.item(),
+        "actor_loss": actor_loss.item(),
+        "alpha": float(alpha),
+        "alpha_loss": alpha_loss.item(),
+        "entropy": -logp.detach().mean().item(),
+        "q": q1.detach().mean().item(),
+    }
