@@ -62,6 +62,13 @@ class RunConfig:
             "else start Ray on this machine for the run)"
         },
     )
+    device: str = attrs.field(
+        default="auto",
+        metadata={
+            "help": "where the train process learns: auto (a GPU where there is one), cpu, "
+            "cuda, cuda:N; workers act on the CPU"
+        },
+    )
     worker_cpus: float = attrs.field(
         default=1.0,
         validator=v.gt(0),

@@ -60,7 +60,8 @@ def evaluate(
     target = _checked_out(Path(out) if out is not None else _default_out(file), file)
     pm = plugins or get_plugin_manager()
     try:
-        _, algo, config, run_cfg = resolve(data["algorithm"], pm, data["config"], data["run"])
+        run_options = {**data["run"], "device": "cpu"}  # it plays here, on the CPU
+        _, algo, config, run_cfg = resolve(data["algorithm"], pm, data["config"], run_options)
     except UsageError as exc:
         raise UsageError(
             f"checkpoint {str(file)!r} was written by algorithm {data['algorithm']!r} of plugin "

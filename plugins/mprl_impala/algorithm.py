@@ -212,7 +212,9 @@ def train(ctx: mprl.Context) -> None:
     assert optimizer is not None
     last_log, updates_at_log = time.monotonic(), 0
     staleness: list[float] = []
+    stats: dict[str, torch.Tensor] = {}
     while (batch := rollouts.take_batch(cfg.batch_rollouts)) is not None:
+        batch = ctx.to_device(batch)  # --device: one copy to the GPU; on the CPU, as it is
         stats = update(model, optimizer, cfg, batch, weights.publishing)
         staleness.append(float(weights.version - 1 - batch["version"].float().mean()))
         now = time.monotonic()
@@ -221,7 +223,9 @@ def train(ctx: mprl.Context) -> None:
             _log_rates(ctx, report, weights.version, updates_at_log, now - last_log, staleness)
             last_log, updates_at_log, staleness = now, weights.version, []
     if staleness:  # the last stretch, so short runs report too
-        _log_rates(ctx, {}, weights.version, updates_at_log, time.monotonic() - last_log, staleness)
+        report = {name: float(value) for name, value in stats.items()}
+        seconds = time.monotonic() - last_log
+        _log_rates(ctx, report, weights.version, updates_at_log, seconds, staleness)
 
 
 def _log_rates(

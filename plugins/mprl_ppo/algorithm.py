@@ -147,6 +147,7 @@ def train(ctx: mprl.Context) -> None:
     last_log, updates_at_log = time.monotonic(), weights.version
     report: dict[str, float] = {}
     while (batch := rollouts.take_batch(ctx.n_workers)) is not None:
+        batch = ctx.to_device(batch)  # --device: one copy to the GPU; on the CPU, as it is
         obs = batch["obs"].flatten(1, 2)  # [T + 1, N, ...]
         t_len, n = batch["reward"].flatten(1, 2).shape
         with torch.no_grad():
@@ -197,7 +198,8 @@ def _update(
     size = data[0].shape[0]
     stats: dict[str, float] = {}
     for _ in range(cfg.epochs):
-        for index in torch.randperm(size, generator=generator).split(cfg.minibatch_size):
+        order = torch.randperm(size, generator=generator).to(data[0].device)
+        for index in order.split(cfg.minibatch_size):
             if ctx.should_stop():  # an update of big batches takes seconds: stop in time
                 return stats
             obs, actions, old_logp, advantages, returns, old_values = (d[index] for d in data)

@@ -13,6 +13,7 @@ import gymnasium as gym
 
 import mprl
 from mprl_sac.algorithm import (
+    PRESETS,
     SCHEMA,
     SACConfig,
     SACModel,
@@ -38,6 +39,7 @@ ALGORITHM = mprl.Algorithm(
     action_spaces=(gym.spaces.Box,),  # continuous actions only: a Discrete env is refused
     observation_spaces=(gym.spaces.Box,),  # flat vectors: the networks are MLPs
     default_env="Pendulum-v1",
+    presets=PRESETS,
     description="SAC: workers fill a replay buffer, one soft actor-critic learner (Box actions)",
 )
 

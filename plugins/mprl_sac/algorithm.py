@@ -109,6 +109,10 @@ class SACConfig:
     )
 
 
+#: config values by workload (``Algorithm.presets``), under the user's own: rl-zoo's SAC on
+#: MuJoCo (HalfCheetah, Hopper, Walker2d, Ant, Humanoid) is SB3's defaults but these
+PRESETS = {"mujoco": {"learning_starts": 10_000}}
+
 SCHEMA = schema.Schema(
     replay=schema.ReplayBuffer(capacity="config.buffer_size"),  # rows shaped by the spaces
     weights=schema.Weights(),  # the learner's model, published to the workers
@@ -311,6 +315,7 @@ def train(ctx: mprl.Context) -> None:
             if idle > IDLE_LOOKS:
                 time.sleep(0.001)
             continue
+        idle = 0
         report = _update(cfg, model, optimizers, target.critic, critic_params, batch,
                          target_entropy, generator, weights, updates)  # fmt: skip
         if (done + 1) % LOG_EVERY_UPDATES == 0:

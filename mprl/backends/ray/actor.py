@@ -99,6 +99,7 @@ class ChildActor:
         ctx.heartbeat()
         try:
             fn(ctx)
+            ctx.sync_learner()  # a GPU learner's optimizer state, for the final checkpoint
             transport.flush()  # its last counter adds and replay rows
         except BaseException:
             return {"code": 1, "traceback": traceback.format_exc()}
@@ -142,7 +143,7 @@ class ChildActor:
         training, as the local backend's checkpoint reads shared memory); ``None`` when an
         optimizer changed shape under the read."""
         try:
-            model = {k: v.detach().clone() for k, v in ctx.model.state_dict().items()}
+            model = {k: v.detach().to("cpu", copy=True) for k, v in ctx.model.state_dict().items()}
             optimizers = {
                 "optimizer": ctx._optimizer.state_dict() if ctx._optimizer is not None else None,
                 "optimizers": {k: o.state_dict() for k, o in ctx._optimizers.items()},

@@ -70,6 +70,7 @@ class _Proc:
         try:
             if not run.stopping:
                 self.fn(self.ctx)
+                self.ctx.sync_learner()
         except _Stopped:
             pass  # it was waiting when the run stopped: what SIGTERM is to a spawned process
         except SystemExit as exc:
@@ -187,7 +188,7 @@ class _SerialRun:
     def _proc(self, index: int, role: Role) -> _Proc:
         job = self.job
         ctx = job.context(role, self.state, self.channel)
-        ctx.model, ctx._optimizer, ctx._optimizers = _own_objects(job)
+        ctx._model, ctx._optimizer, ctx._optimizers = _own_objects(job)
         proc = _Proc(index, role, job.function(role), ctx)
         proc.run = self
         return proc

@@ -1,0 +1,304 @@
+"""Beyond CartPole: image observations (CNN torsos, uint8 frames end to end), Atari with its
+standard preprocessing, MuJoCo with observation normalisation, workload presets, and the train
+process's device (``--device``)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from mprl.errors import ConfigError
+from mprl.host.envs import make_atari, workload
+from mprl.host.job import resolve
+from mprl.host.plugins import get_plugin_manager
+from mprl.learner import DeviceLearner, Staging
+from mprl.lib.envbatch import EnvBatch, rollout_spec
+from mprl.lib.nets import ActorCritic, ActorCriticConfig, ObsNorm, make_model, make_optimizer
+from mprl.testing import run_serial
+from tests.conftest import cli_here
+
+ale_py = pytest.importorskip("ale_py")
+FRAMES = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
+
+
+@pytest.mark.parametrize(
+    ("shape", "torso", "kind"),
+    [((4, 84, 84), "auto", "nature"), ((84, 84, 3), "auto", "nature"), ((4, 84, 84), "impala", "impala"), ((64, 64, 3), "impala", "impala")],
+)  # fmt: skip
+def test_image_observations_get_a_cnn_that_takes_uint8_frames(shape, torso, kind):
+    space = gym.spaces.Box(0, 255, shape, np.uint8)
+    model = ActorCritic(space, gym.spaces.Discrete(6), (64,), torso)
+    assert model.torso_kind == kind
+    frames = torch.randint(0, 256, (5, *shape), dtype=torch.uint8)
+    out, value = model(frames)
+    assert out.shape == (5, 6) and value.shape == (5,)
+    # the policy alone, and the value alone, are the two sides of the same forward
+    assert torch.allclose(model.policy(frames), out) and torch.allclose(model.value(frames), value)
+    actions = model.act(frames, deterministic=True)
+    assert isinstance(actions, np.ndarray) and actions.shape == (5,)
+    # frames scaled by the network: a brighter frame is a different input, not clipped to 1
+    assert not torch.allclose(model.policy(frames // 2), out)
+
+
+def test_a_rollout_slot_of_frames_is_a_quarter_of_float32():
+    spec = rollout_spec(FRAMES, gym.spaces.Discrete(6), steps=16, envs=8)
+    shape, dtype = spec["obs"]
+    assert dtype == torch.uint8 and shape == (17, 8, 4, 84, 84)
+    flat = rollout_spec(gym.spaces.Box(-1, 1, (4, 84, 84)), gym.spaces.Discrete(6), 16, 8)
+    nbytes = {k: torch.empty(s, dtype=d).nbytes for k, (s, d) in spec.items()}
+    float_bytes = {k: torch.empty(s, dtype=d).nbytes for k, (s, d) in flat.items()}
+    assert nbytes["obs"] * 4 == float_bytes["obs"]
+
+
+@pytest.mark.parametrize(
+    ("space", "torso", "message"),
+    [
+        (FRAMES, "mlp", r"config field 'torso': the observations are images \(4, 84, 84\) uint8, which an MLP cannot learn from; use --set torso=nature"),
+        (gym.spaces.Box(-1, 1, (8,)), "nature", r"config field 'torso': 'nature' needs image observations .*; use --set torso=mlp"),
+    ],
+)  # fmt: skip
+def test_a_torso_that_cannot_work_is_refused_with_the_one_that_does(space, torso, message):
+    with pytest.raises(ConfigError, match=message):
+        make_model(space, gym.spaces.Discrete(2), ActorCriticConfig(torso=torso))
+
+
+class _Worker:
+    """The part of a Context EnvBatch uses, over real Atari games."""
+
+    def __init__(self, env_id: str) -> None:
+        self.env_id, self.episodes, self.steps = env_id, [], 0
+
+    def make_env(self, index: int) -> gym.Env:
+        env = make_atari(self.env_id)
+        env.reset(seed=index)
+        env.action_space.seed(index)
+        return env
+
+    def log_episode(self, episode_return: float, episode_length: int) -> None:
+        self.episodes.append((episode_return, episode_length))
+
+    def add_steps(self, n: int) -> None:
+        self.steps += n
+
+
+def test_atari_learns_from_clipped_rewards_and_logs_the_raw_score():
+    """Space Invaders pays 5 to 30 points an alien: the rewards written for learning are their
+    sign, the returns logged are the game's score."""
+    ctx = _Worker("ALE/SpaceInvaders-v5")
+    env = ctx.make_env(0)
+    assert env.observation_space == FRAMES
+    model = ActorCritic(env.observation_space, env.action_space, (64,))
+    envs = EnvBatch(ctx, 2, 0.99)
+    assert envs.obs.dtype == torch.uint8 and envs.obs.shape == (2, 4, 84, 84)
+    learned = [0.0, 0.0]
+    while not ctx.episodes:
+        rewards, dones = envs.step(model, model.sample(model.policy(envs.obs)))
+        assert set(np.unique(rewards)) <= {-1.0, 0.0, 1.0}
+        for i in range(2):
+            learned[i] += float(rewards[i])
+            if dones[i] and not ctx.episodes:
+                learned[i] = 0.0
+    (score, length), = ctx.episodes  # fmt: skip
+    assert length > 100 and score > 0 and score % 5 == 0
+    # the clipped rewards of that episode count the kills; the score counts their points
+    assert score > max(learned) or score >= 5 * length / 100
+    envs.close()
+    env.close()
+
+
+def test_workload_presets_apply_under_the_users_own_values():
+    pm = get_plugin_manager()
+    assert workload("ALE/Pong-v5") == "atari" and workload("PongNoFrameskip-v4") == "atari"
+    assert workload("HalfCheetah-v5") == "mujoco" and workload("CartPole-v1") is None
+    _, _, config, _ = resolve("ppo", pm, {"n_steps": 64}, {"env": "ALE/Pong-v5"})
+    assert (config.n_steps, config.lr, config.clip, config.epochs) == (64, 2.5e-4, 0.1, 4)
+    _, _, config, _ = resolve("ppo", pm, None, {"env": "HalfCheetah-v5"})
+    assert config.normalize_obs and config.n_steps == 1024
+    _, _, config, _ = resolve("ppo", pm, None, {"env": "CartPole-v1"})
+    assert config.n_steps == 32 and not config.normalize_obs  # unchanged
+
+
+@pytest.mark.parametrize("algorithm", ["a3c", "impala", "ppo"])
+def test_each_built_in_plugin_learns_from_atari_frames_and_eval_plays_the_checkpoint(
+    algorithm, tmp_path
+):
+    from mprl.tools.evaluate import evaluate
+
+    config = {
+        "a3c": {"envs_per_worker": 2, "n_steps": 8},
+        "impala": {"envs_per_worker": 2, "unroll": 8},
+        "ppo": {"envs_per_worker": 2, "n_steps": 8, "epochs": 1, "minibatch_size": 16},
+    }[algorithm]
+    result = run_serial(
+        algorithm, env="ALE/Pong-v5", total_steps=160, config=config, run_dir=tmp_path / "run"
+    )
+    assert result.model.torso_kind == "nature"
+    rollouts = getattr(result.state, "rollouts", None)
+    if rollouts is not None:  # frames stay uint8 in the slots
+        assert rollouts.slot(0)["obs"].dtype == torch.uint8
+    if algorithm != "a3c":  # the learner reported finite losses
+        losses = [r["value_loss"] for r in result.records if "value_loss" in r]
+        assert losses and all(np.isfinite(losses))
+    saved = torch.load(tmp_path / "run" / "checkpoints" / "last.pt", weights_only=False)
+    assert saved["config"]["torso"] == "auto"
+    played = evaluate(tmp_path / "run", episodes=1, out=tmp_path / "eval.json")
+    assert played["episodes"] == 1 and -21 <= played["returns"][0] <= 21
+    assert json.loads((tmp_path / "eval.json").read_text())["returns"] == played["returns"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--plugin", "ppo", "--env", "ALE/Pong-v5", "--set", "torso=mlp"], r"config field 'torso': the observations are images \(4, 84, 84\) uint8, which an MLP cannot learn from; use --set torso=nature"),
+        (["--plugin", "a3c", "--device", "cuda"], r"--device cuda: algorithm 'a3c' trains one shared model in every worker \(Hogwild, CPU shared memory\), so it cannot learn on a GPU; use --device cpu"),
+        (["--plugin", "ppo", "--device", "gpu"], r"run option 'device': 'gpu' is not one of auto, cpu, cuda, cuda:N"),
+    ],
+)  # fmt: skip
+def test_bad_workload_input_exits_2_with_the_line_that_fixes_it(tmp_path, capsys, args, message):
+    code, err = cli_here(capsys, "run", *args, "--run-dir", str(tmp_path / "run"))
+    assert code == 2, err
+    assert len(err.strip().splitlines()) == 1 and __import__("re").search(message, err), err
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is there")
+def test_a_gpu_asked_for_where_there_is_none_exits_2(tmp_path, capsys):
+    code, err = cli_here(
+        capsys, "run", "--plugin", "ppo", "--device", "cuda:0", "--run-dir", str(tmp_path / "r")
+    )
+    assert code == 2 and "use --device cpu (or auto)" in err and len(err.strip().splitlines()) == 1
+
+
+def test_missing_extras_name_the_install_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ale_py", None)  # importing it fails, as when not installed
+    code, err = cli_here(
+        capsys, "run", "--plugin", "ppo", "--env", "ALE/Pong-v5", "--run-dir", str(tmp_path / "a")
+    )
+    assert code == 2
+    assert (
+        err.strip()
+        == (
+            """mprl: environment 'ALE/Pong-v5' is an Atari game, and ale_py is not installed: pip install "mprl[atari]\""""
+        )
+        or 'ale_py is not installed: pip install "mprl[atari]"' in err
+    ), err
+    monkeypatch.setitem(sys.modules, "mujoco", None)
+    for name in [m for m in sys.modules if m.startswith("gymnasium.envs.mujoco.")]:
+        monkeypatch.delitem(sys.modules, name)
+    code, err = cli_here(
+        capsys,
+        "run",
+        "--plugin",
+        "ppo",
+        "--env",
+        "HalfCheetah-v5",
+        "--run-dir",
+        str(tmp_path / "m"),
+    )
+    assert code == 2 and 'runs on MuJoCo: pip install "mprl[mujoco]"' in err, err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_obs_norm_statistics_equal_those_of_everything_it_saw():
+    norm = ObsNorm((3,))
+    x = torch.randn(10, 3)
+    assert torch.equal(norm(x), x)  # nothing seen yet: the identity
+    gen = torch.Generator().manual_seed(0)
+    batches = [torch.randn(n, 3, generator=gen) * 4 + 7 for n in (5, 17, 1, 40)]
+    for batch in batches:
+        norm.update(batch)
+    everything = torch.cat(batches).double()
+    assert int(norm.count) == 63
+    assert torch.allclose(norm.mean, everything.mean(0))
+    assert torch.allclose(norm.var, everything.var(0, unbiased=False))
+    out = norm(everything.float())
+    assert torch.allclose(out.mean(0), torch.zeros(3), atol=1e-5)
+
+
+pytest.importorskip("mujoco")
+
+
+def test_mujoco_ppo_normalises_observations_and_eval_uses_the_statistics(tmp_path):
+    from mprl.tools.evaluate import evaluate
+
+    config = {"n_steps": 64, "epochs": 1}
+    result = run_serial(
+        "ppo", env="HalfCheetah-v5", total_steps=256, config=config, run_dir=tmp_path / "run"
+    )
+    model = result.model
+    assert model.obs_norm is not None
+    # every observation the learner learned from was folded in: 64 steps of 1 env an update
+    updates = result.state.weights.version
+    assert updates >= 2 and int(model.obs_norm.count) == 64 * updates
+    saved = torch.load(tmp_path / "run" / "checkpoints" / "last.pt", weights_only=False)
+    assert torch.equal(saved["model"]["obs_norm.mean"], model.obs_norm.mean)
+    assert float(saved["model"]["obs_norm.var"].min()) > 0
+    # the workers act with the statistics the learner published with the weights
+    worker = next(c for c in result.contexts if c.role == "worker")
+    assert int(worker.model.obs_norm.count) == int(model.obs_norm.count)
+    played = evaluate(tmp_path / "run", episodes=1, out=tmp_path / "eval.json")
+    assert played["lengths"] == [1000]
+
+
+def test_a_device_learner_trains_copies_and_syncs_the_optimizer_state_back():
+    """The GPU learner's code path, on the CPU: copies of the shared model and optimizer,
+    trained there; the state copied back on sync, so a checkpoint holds it."""
+    space, actions = gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2)
+    shared = ActorCritic(space, actions, (16,))
+    opt = make_optimizer(shared.parameters(), ActorCriticConfig(lr=0.01))
+    before = [p.detach().clone() for p in shared.parameters()]
+    learner = DeviceLearner(shared, {"": opt}, torch.device("cpu"))
+    mine = learner.optimizers[""]
+    assert type(mine) is type(opt) and mine.defaults == opt.defaults
+    assert all(
+        p.data_ptr() != q.data_ptr()
+        for p, q in zip(learner.model.parameters(), shared.parameters(), strict=True)
+    )
+    for step in range(3):
+        out, value = learner.model(torch.randn(8, 4, generator=torch.Generator().manual_seed(step)))
+        mine.zero_grad()
+        (out.pow(2).sum() + value.pow(2).sum()).backward()
+        mine.step()
+    mine.param_groups[0]["lr"] = 0.005
+    assert all(torch.equal(p, b) for p, b in zip(shared.parameters(), before, strict=True))
+    assert not opt.state  # nothing reached the shared optimizer yet
+    learner.sync()
+    assert opt.param_groups[0]["lr"] == 0.005
+    for p, q in zip(learner.model.parameters(), shared.parameters(), strict=True):
+        assert int(opt.state[q]["step"]) == 3
+        assert torch.equal(opt.state[q]["exp_avg"], mine.state[p]["exp_avg"])
+
+
+def test_staging_moves_a_batch_in_one_buffer_and_gives_the_same_tensors():
+    gen = torch.Generator().manual_seed(0)
+    batch = {
+        "obs": torch.randint(0, 256, (9, 2, 4, 84, 84), dtype=torch.uint8, generator=gen),
+        "action": torch.randint(0, 6, (8, 2), generator=gen),
+        "logp": torch.randn(2, 8, generator=gen).t(),  # not contiguous
+        "version": torch.tensor([3, 4]),
+    }
+    staging = Staging(torch.device("cpu"), pack=True)
+    for _ in range(2):  # the buffer is reused
+        out = staging(batch)
+        assert all(torch.equal(out[k], batch[k]) and out[k].dtype == batch[k].dtype for k in batch)
+        assert all(
+            out[k].untyped_storage().data_ptr() == staging.buffer.untyped_storage().data_ptr()
+            for k in batch
+        )
+    assert Staging(torch.device("cpu"))(batch)["obs"] is batch["obs"]  # on the CPU: as it is
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("algorithm", ["impala", "ppo"])
+def test_a_gpu_learner_learns_cartpole_and_checkpoints_its_optimizer(algorithm, tmp_path):
+    result = run_serial(algorithm, total_steps=20_000, device="cuda", run_dir=tmp_path / "run")
+    assert result.summary.env_steps >= 20_000
+    assert all(p.device.type == "cpu" for p in result.model.parameters())
+    saved = torch.load(tmp_path / "run" / "checkpoints" / "last.pt", weights_only=False)
+    state = next(iter(saved["optimizer"]["state"].values()))
+    assert int(state["step"]) > 0 and float(state["exp_avg"].abs().sum()) > 0
