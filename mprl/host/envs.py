@@ -3,6 +3,7 @@ built-in implementation of that hook (gymnasium's registry), a plugin registered
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -31,11 +32,31 @@ def mprl_make_env(env_id: str, render_mode: str | None) -> gym.Env:
     if is_atari(env_id):
         return make_atari(env_id, **kwargs)
     try:
+        if workload(env_id) == "mujoco":
+            _mujoco_warnings_to_python()
         return gym.make(env_id, **kwargs)
     except gym.error.DependencyNotInstalled as exc:
         if "mujoco" in str(exc).lower():
             raise UsageError(f"environment {env_id!r} runs on MuJoCo: {MUJOCO_EXTRA}") from None
         raise
+
+
+def _mujoco_warnings_to_python() -> None:
+    """MuJoCo's warnings through Python's ``warnings`` (shown once), instead of MuJoCo's own
+    way: printed, and appended to ``MUJOCO_LOG.TXT`` in the working directory of the run."""
+    try:
+        import mujoco
+    except ImportError:
+        return  # gymnasium says what is missing
+    if mujoco.get_mju_user_warning() is None:
+        mujoco.set_mju_user_warning(_warn)
+
+
+def _warn(message: str) -> None:
+    # a deprecation in an env's model file (gymnasium's own assets have one) is not the
+    # user's to act on: hidden, as Python hides deprecations by default
+    category = DeprecationWarning if "deprecated" in message else RuntimeWarning
+    warnings.warn(f"MuJoCo: {message}", category, stacklevel=2)
 
 
 def is_atari(env_id: str) -> bool:
