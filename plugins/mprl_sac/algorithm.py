@@ -189,8 +189,8 @@ class SACModel(nn.Module):
         self.log_alpha = nn.Parameter(torch.full((1,), math.log(config.init_ent_coef)))
         low = torch.as_tensor(act_space.low, dtype=torch.float32).flatten()
         high = torch.as_tensor(act_space.high, dtype=torch.float32).flatten()
-        self.register_buffer("scale", (high - low) / 2)
-        self.register_buffer("center", (high + low) / 2)
+        self.register_buffer("low", low)
+        self.register_buffer("high", high)
 
     @staticmethod
     def flat(obs: torch.Tensor) -> torch.Tensor:
@@ -198,7 +198,8 @@ class SACModel(nn.Module):
 
     def to_env(self, squashed: torch.Tensor) -> np.ndarray:
         """Squashed actions ``[B, n_act]`` as the env takes them: ``[B, *action_shape]``."""
-        actions = self.center + self.scale * squashed
+        actions = self.low + (self.high - self.low) * (squashed + 1.0) / 2.0
+        actions = torch.clamp(actions, self.low, self.high)  # (rounding at the bounds)
         return actions.reshape(-1, *self.act_shape).numpy()
 
     def act(self, obs: torch.Tensor, deterministic: bool = False) -> np.ndarray:
@@ -295,9 +296,13 @@ def train(ctx: mprl.Context) -> None:
     replay, weights, target, updates = (
         ctx.state.replay, ctx.state.weights, ctx.state.target, ctx.state.updates,
     )  # fmt: skip
-    model: SACModel = ctx.model  # type: ignore[assignment]
+    model: SACModel = ctx.model  # type: ignore[assignment]  # (--device: a copy there)
     optimizers = ctx.optimizers
-    generator = torch.Generator().manual_seed(ctx.seed)
+    # the target critics this process updates, on its device; copied into the shared state's
+    # (which checkpoints keep) every LOG_EVERY_UPDATES updates and at the end
+    target_critic = copy.deepcopy(target.critic).to(ctx.device)
+    sampling = torch.Generator().manual_seed(ctx.seed)  # which rows (on the CPU)
+    noise = torch.Generator(device=ctx.device).manual_seed(ctx.seed + 1)  # the policy's samples
     n_act = int(np.prod(model.act_shape))
     target_entropy = -float(n_act) if cfg.target_entropy is None else cfg.target_entropy
     critic_params = list(model.critic.parameters())
@@ -307,7 +312,7 @@ def train(ctx: mprl.Context) -> None:
         done, steps = updates.value, ctx.env_steps
         batch = None
         if steps - cfg.learning_starts > _consumed(cfg, done):
-            batch = replay.sample(cfg.batch_size, generator)
+            batch = replay.sample(cfg.batch_size, sampling)
         if batch is None:  # level with the workers: wait for their next steps
             # sleep only while they take none: on the serial backend every look at
             # should_stop() gives them a turn (a step), and a sleep would stall them too
@@ -316,20 +321,23 @@ def train(ctx: mprl.Context) -> None:
                 time.sleep(0.001)
             continue
         idle = 0
-        report = _update(cfg, model, optimizers, target.critic, critic_params, batch,
-                         target_entropy, generator, weights, updates)  # fmt: skip
+        report = _update(cfg, model, optimizers, target_critic, critic_params,
+                         ctx.to_device(batch), target_entropy, noise, weights, updates)  # fmt: skip
         if (done + 1) % LOG_EVERY_UPDATES == 0:
+            target.critic.load_state_dict(target_critic.state_dict())
             last_log, updates_at_log = _log(ctx, report, updates.value, last_log, updates_at_log)
+    target.critic.load_state_dict(target_critic.state_dict())
     if report and updates.value > updates_at_log:  # the last stretch, so short runs report too
         _log(ctx, report, updates.value, last_log, updates_at_log)
 
 
 def _log(
-    ctx: mprl.Context, report: dict[str, float], done: int, since: float, done_then: int
+    ctx: mprl.Context, report: dict[str, torch.Tensor], done: int, since: float, done_then: int
 ) -> tuple[float, int]:
     now = time.monotonic()
     rate = (done - done_then) / max(now - since, 1e-9)
-    ctx.log(**report, updates=done, updates_per_s=rate)
+    numbers = {name: float(value) for name, value in report.items()}  # (a GPU waits here only)
+    ctx.log(**numbers, updates=done, updates_per_s=rate)
     return now, done
 
 
@@ -344,7 +352,7 @@ def _update(
     generator: torch.Generator,
     weights: Any,
     updates: Any,
-) -> dict[str, float]:
+) -> dict[str, torch.Tensor]:
     """One SAC update (in SB3's order: alpha, critics, policy, targets); its numbers."""
     obs, next_obs = model.flat(batch["obs"]), model.flat(batch["next_obs"])
     actions = batch["action"].reshape(obs.shape[0], -1)
@@ -358,8 +366,8 @@ def _update(
         alpha_loss.backward()
         optimizers["alpha"].step()
     else:
-        alpha = torch.tensor(float(cfg.ent_coef))
-        alpha_loss = torch.zeros(())
+        alpha = torch.tensor(float(cfg.ent_coef), device=obs.device)
+        alpha_loss = torch.zeros((), device=obs.device)
 
     with torch.no_grad():
         next_squashed, next_logp = model.actor(next_obs, generator=generator)
@@ -385,11 +393,11 @@ def _update(
 
     with torch.no_grad():
         torch._foreach_lerp_(list(target_critic.parameters()), critic_params, cfg.tau)
-    return {
-        "critic_loss": critic_loss.item(),
-        "actor_loss": actor_loss.item(),
-        "alpha": float(alpha),
-        "alpha_loss": alpha_loss.item(),
-        "entropy": -logp.detach().mean().item(),
-        "q": q1.detach().mean().item(),
+    return {  # tensors: read when logged, so a GPU is not waited for after every update
+        "critic_loss": critic_loss.detach(),
+        "actor_loss": actor_loss.detach(),
+        "alpha": alpha,
+        "alpha_loss": alpha_loss.detach(),
+        "entropy": -logp.detach().mean(),
+        "q": q1.detach().mean(),
     }
