@@ -53,10 +53,9 @@ def _mujoco_warnings_to_python() -> None:
 
 
 def _warn(message: str) -> None:
-    # a deprecation in an env's model file (gymnasium's own assets have one) is not the
-    # user's to act on: hidden, as Python hides deprecations by default
-    category = DeprecationWarning if "deprecated" in message else RuntimeWarning
-    warnings.warn(f"MuJoCo: {message}", category, stacklevel=2)
+    if "deprecated" in message:
+        return  # in an env's model file (gymnasium's own have one): not the user's to act on
+    warnings.warn(f"MuJoCo: {message}", RuntimeWarning, stacklevel=2)
 
 
 def is_atari(env_id: str) -> bool:

@@ -1,0 +1,190 @@
+"""Atari throughput while learning: mprl impala and ppo against SB3 PPO, in one invocation.
+
+Every run is a fresh process on the same game with the same preprocessing (mprl's
+``make_atari``: gymnasium's ``AtariPreprocessing``, 4 frames a step, 84x84 grey, 4 stacked), for
+``--seconds`` of wall time, then stopped. Repeats are interleaved (impala, ppo, sb3, impala, ...)
+so background load hits every system alike.
+
+``impala``   ``python -m mprl run --plugin impala --env ENV --workers 2`` (its Atari preset)
+``ppo``      ``python -m mprl run --plugin ppo --env ENV --workers 2`` (its Atari preset)
+``sb3_ppo``  Stable-Baselines3 PPO, ``CnnPolicy``, rl-zoo's Atari settings (8 envs in a
+             ``SubprocVecEnv``, n_steps 128, 4 epochs of 256, lr 2.5e-4, clip 0.1, ent 0.01)
+
+Reported per run, over the window from ``--warmup`` seconds after the first env step to the end:
+
+- ``frames_per_s``: env frames (agent steps x 4) collected per second;
+- ``learned_per_s``: samples the learner consumed per second (each sample once, whatever the
+  number of epochs over it).
+
+Usage: ``python benchmarks/atari_throughput.py --seconds 120 --repeats 2``
+(needs ``pip install "mprl[atari]" stable-baselines3``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+FRAME_SKIP = 4
+
+SB3_SCRIPT = r"""
+import json, sys, time
+import torch
+from stable_baselines3 import PPO
+from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.vec_env import SubprocVecEnv
+from mprl.host.envs import make_atari
+
+env_id, seconds = sys.argv[1], float(sys.argv[2])
+
+def make(rank):
+    def thunk():
+        env = make_atari(env_id)
+        env.reset(seed=rank)
+        return env
+    return thunk
+
+class Clock(BaseCallback):
+    def __init__(self):
+        super().__init__()
+        self.marks, self.start = [], time.monotonic()
+    def _on_rollout_end(self):
+        self.marks.append((time.monotonic() - self.start, self.num_timesteps, "collected"))
+    def _on_rollout_start(self):
+        self.marks.append((time.monotonic() - self.start, self.num_timesteps, "learned"))
+    def _on_step(self):
+        return time.monotonic() - self.start < seconds
+
+if __name__ == "__main__":
+    venv = SubprocVecEnv([make(i) for i in range(8)])
+    model = PPO("CnnPolicy", venv, n_steps=128, n_epochs=4, batch_size=256, learning_rate=2.5e-4,
+                clip_range=0.1, vf_coef=0.5, ent_coef=0.01, verbose=0, seed=0)
+    clock = Clock()
+    model.learn(total_timesteps=10**9, callback=clock)
+    venv.close()
+    print(json.dumps({"marks": clock.marks, "threads": torch.get_num_threads()}))
+"""
+
+
+def _window(points: list[tuple[float, float]], warmup: float) -> float | None:
+    """Rate of a counter over (seconds, value) points, from ``warmup`` seconds after it first
+    moved to its last point."""
+    moving = [p for p in points if p[1] > 0]
+    if len(moving) < 2:
+        return None
+    start_t = moving[0][0] + warmup
+    inside = [p for p in moving if p[0] >= start_t] or moving[-2:]
+    first, last = (inside[0], inside[-1]) if len(inside) > 1 else (moving[0], moving[-1])
+    return (last[1] - first[1]) / max(last[0] - first[0], 1e-9)
+
+
+def run_mprl(plugin: str, env: str, seconds: float, warmup: float) -> dict[str, Any]:
+    run_dir = Path(tempfile.mkdtemp(prefix="atari-bench-")) / "run"
+    cmd = [sys.executable, "-m", "mprl", "run", "--plugin", plugin, "--env", env]
+    cmd += ["--workers", "2", "--total-steps", "1e9", "--run-dir", str(run_dir), "--quiet"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    time.sleep(seconds)
+    proc.send_signal(signal.SIGINT)
+    err = proc.communicate(timeout=120)[1]
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    config = json.loads((run_dir / "config.json").read_text())["config"]
+    main_ticks = [r for r in records if r["source"] == "main" and "steps_per_s" in r]
+    ticks = [(r["wall"], r["step"]) for r in main_ticks]
+    trainer = [r for r in records if r["source"] == "trainer"]
+    collect = _window(ticks, warmup)
+    if plugin == "impala":
+        per_update = config["batch_rollouts"] * config["unroll"] * config["envs_per_worker"]
+        learn = _window([(r["wall"], r["updates"] * per_update) for r in trainer], warmup)
+    else:  # ppo: an iteration learns every worker's rollout; its records carry the rate
+        per_iteration = 2 * config["n_steps"] * config["envs_per_worker"]
+        start = (ticks[0][0] if ticks else 0) + warmup
+        rates = [r["iterations_per_s"] for r in trainer if r["wall"] >= start]
+        learn = statistics.mean(rates) * per_iteration if rates else None
+    return {
+        "system": plugin,
+        "frames_per_s": None if collect is None else round(collect * FRAME_SKIP),
+        "learned_per_s": None if learn is None else round(learn),
+        "returncode": proc.returncode,
+        "error": err[-400:] if proc.returncode else "",
+    }
+
+
+def run_sb3(env: str, seconds: float, warmup: float) -> dict[str, Any]:
+    proc = subprocess.run(
+        [sys.executable, "-c", SB3_SCRIPT, env, str(seconds)],
+        capture_output=True, text=True, timeout=seconds + 300,
+    )  # fmt: skip
+    if proc.returncode:
+        return {"system": "sb3_ppo", "returncode": proc.returncode, "error": proc.stderr[-400:]}
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    collected = [(t, n) for t, n, kind in out["marks"] if kind == "collected"]
+    learned = [(t, n) for t, n, kind in out["marks"] if kind == "learned"]
+    collect, learn = _window(collected, warmup), _window(learned, warmup)
+    return {
+        "system": "sb3_ppo",
+        "frames_per_s": None if collect is None else round(collect * FRAME_SKIP),
+        "learned_per_s": None if learn is None else round(learn),
+        "torch_threads": out["threads"],
+        "returncode": 0,
+        "error": "",
+    }
+
+
+def _spread(values: list[float]) -> str:
+    values = [v for v in values if v is not None]
+    if not values:
+        return "-"
+    return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--env", default="ALE/Pong-v5")
+    parser.add_argument("--seconds", type=float, default=120.0)
+    parser.add_argument("--warmup", type=float, default=20.0)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--systems", default="impala,ppo,sb3_ppo")
+    parser.add_argument("--out", default="benchmarks/results/atari_throughput.jsonl")
+    args = parser.parse_args()
+    systems = args.systems.split(",")
+    rows: list[dict[str, Any]] = []
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    for repeat in range(args.repeats):
+        for system in systems:
+            if system == "sb3_ppo":
+                row = run_sb3(args.env, args.seconds, args.warmup)
+            else:
+                row = run_mprl(system, args.env, args.seconds, args.warmup)
+            row.update(repeat=repeat, env=args.env, seconds=args.seconds)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+            with open(args.out, "a") as out:
+                out.write(json.dumps(row) + "\n")
+    print(f"\n{args.env}, {args.seconds:.0f} s a run, {args.repeats} repeats; ratio to sb3_ppo")
+    print("| system | frames/s | learned samples/s | frames/s vs sb3_ppo |")
+    print("|---|---|---|---|")
+    base = {r["repeat"]: r.get("frames_per_s") for r in rows if r["system"] == "sb3_ppo"}
+    for system in systems:
+        mine = [r for r in rows if r["system"] == system]
+        ratios = [
+            r["frames_per_s"] / base[r["repeat"]]
+            for r in mine
+            if r.get("frames_per_s") and base.get(r["repeat"])
+        ]
+        print(
+            f"| {system} | {_spread([r.get('frames_per_s') for r in mine])} | "
+            f"{_spread([r.get('learned_per_s') for r in mine])} | {_spread(ratios)} |"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
