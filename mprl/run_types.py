@@ -62,6 +62,14 @@ class RunConfig:
             "else start Ray on this machine for the run)"
         },
     )
+    env_batch: str = attrs.field(
+        default="gym",
+        validator=v.in_(("gym", "envpool")),
+        metadata={
+            "help": "how a worker steps its envs: gym (one gymnasium env at a time, through "
+            "the mprl_make_env hook) or envpool (one EnvPool, in C++; classic control, Atari)"
+        },
+    )
     device: str = attrs.field(
         default="auto",
         metadata={

@@ -7,6 +7,7 @@ import multiprocessing as mp
 import sys
 
 import gymnasium as gym
+import pytest
 import torch
 
 from mprl.host.job import materialize_optimizer_state
@@ -85,12 +86,12 @@ def test_a_spawned_process_steps_the_shared_adam_without_importing_dynamo():
 class EpisodeLog:
     """The part of a Context EnvBatch uses: real time-limited CartPoles, episodes recorded."""
 
-    def __init__(self, limit: int) -> None:
-        self.limit, self.episodes, self.steps = limit, [], 0
+    def __init__(self, limit: int, seed: int = 0) -> None:
+        self.limit, self.seed, self.episodes, self.steps = limit, seed, [], 0
 
     def make_env(self, index: int) -> gym.Env:
         env = gym.make("CartPole-v1", max_episode_steps=self.limit)
-        env.reset(seed=index)
+        env.reset(seed=self.seed * 100 + index)
         return env
 
     def log_episode(self, episode_return: float, episode_length: int) -> None:
@@ -100,11 +101,26 @@ class EpisodeLog:
         self.steps += n
 
 
-def test_env_batch_rollout_records_episodes_and_bootstraps_time_limits():
+def _env_batch(way: str, ctx: EpisodeLog, n: int, gamma: float, seed: int = 0) -> EnvBatch:
+    if way == "gym":
+        return EnvBatch(ctx, n, gamma)
+    pytest.importorskip("envpool")
+    from mprl.lib.envpool import make_pool
+
+    seeds = [seed * 100 + i for i in range(n)]
+    return EnvBatch(
+        ctx, n, gamma, pool=make_pool("CartPole-v1", seeds, max_episode_steps=ctx.limit)
+    )
+
+
+@pytest.mark.parametrize("way", ["gym", "envpool"])
+def test_env_batch_rollout_records_episodes_and_bootstraps_time_limits(way):
+    """The same either way a worker steps its envs: a Python loop over gymnasium envs, or one
+    EnvPool in C++ (``--env-batch envpool``)."""
     limit, n, steps, gamma, value = 12, 3, 60, 0.9, 2.5
     ctx = EpisodeLog(limit)
-    envs = EnvBatch(ctx, n, gamma)
-    space = envs.envs[0]
+    envs = _env_batch(way, ctx, n, gamma)
+    space = gym.make("CartPole-v1")
     torch.manual_seed(0)
     model = ActorCritic(space.observation_space, space.action_space, (8,))
     with torch.no_grad():  # V(x) = value everywhere: the bootstrap is known
@@ -139,3 +155,25 @@ def test_env_batch_rollout_records_episodes_and_bootstraps_time_limits():
     out = model.policy(slot["obs"][:steps])
     logp, _ = model.log_prob_entropy(out, slot["action"])
     assert torch.allclose(logp, slot["logp"], atol=1e-6)
+    # every env that finished was reset within the step: the next observation starts anew
+    starts = slot["obs"][1:][done]
+    assert torch.all(starts.abs() <= 0.05)  # CartPole starts within 0.05 of upright and still
+    envs.close()
+
+
+@pytest.mark.parametrize("way", ["gym", "envpool"])
+def test_env_batch_repeats_for_a_seed_and_differs_for_another(way):
+    def rollout(seed: int) -> torch.Tensor:
+        ctx = EpisodeLog(200, seed)
+        envs = _env_batch(way, ctx, 2, 0.99, seed)
+        space = gym.make("CartPole-v1")
+        torch.manual_seed(0)
+        model = ActorCritic(space.observation_space, space.action_space, (8,))
+        spec = rollout_spec(space.observation_space, space.action_space, 40, 2)
+        slot = {name: torch.zeros(shape, dtype=dtype) for name, (shape, dtype) in spec.items()}
+        envs.rollout(model, slot)
+        envs.close()
+        return slot["obs"]
+
+    assert torch.equal(rollout(1), rollout(1))
+    assert not torch.equal(rollout(1), rollout(2))

@@ -98,8 +98,8 @@ def test_sac_learns_pendulum_in_a_serial_run():
     result = sac_serial(total_steps=8000, seed=0, config=SMALL)
     returns = result.episode_returns
     assert len(returns) == 40  # 200 steps each: every episode ends by the time limit
-    assert np.mean(returns[:5]) < -900  # the random actions of the first 1000 steps
-    assert np.mean(returns[-10:]) > -400, returns  # (about -150 here; random: -1200)
+    assert np.mean(returns[:5]) < -700  # the random actions of the first 1000 steps
+    assert np.mean(returns[-10:]) > -400, returns  # (-229 here, -133 and -136 with seeds 1, 2)
     state = result.state
     # a time-limit truncation is no terminal state: nothing is marked done, all bootstraps
     assert state.replay.size() == 8000 and float(state.replay.buffers["done"].sum()) == 0.0

@@ -73,6 +73,14 @@ class _Worker:
     def __init__(self, env_id: str) -> None:
         self.env_id, self.episodes, self.steps = env_id, [], 0
 
+    def batch(self, way: str, n: int) -> EnvBatch:
+        if way == "gym":
+            return EnvBatch(self, n, 0.99)
+        pytest.importorskip("envpool")
+        from mprl.lib.envpool import make_pool
+
+        return EnvBatch(self, n, 0.99, pool=make_pool(self.env_id, list(range(n))))
+
     def make_env(self, index: int) -> gym.Env:
         env = make_atari(self.env_id)
         env.reset(seed=index)
@@ -86,14 +94,15 @@ class _Worker:
         self.steps += n
 
 
-def test_atari_learns_from_clipped_rewards_and_logs_the_raw_score():
+@pytest.mark.parametrize("way", ["gym", "envpool"])
+def test_atari_learns_from_clipped_rewards_and_logs_the_raw_score(way):
     """Space Invaders pays 5 to 30 points an alien: the rewards written for learning are their
-    sign, the returns logged are the game's score."""
+    sign, the returns logged are the game's score; the same with EnvPool stepping the game."""
     ctx = _Worker("ALE/SpaceInvaders-v5")
     env = ctx.make_env(0)
     assert env.observation_space == FRAMES
     model = ActorCritic(env.observation_space, env.action_space, (64,))
-    envs = EnvBatch(ctx, 2, 0.99)
+    envs = ctx.batch(way, 2)
     assert envs.obs.dtype == torch.uint8 and envs.obs.shape == (2, 4, 84, 84)
     learned = [0.0, 0.0]
     while not ctx.episodes:
@@ -172,6 +181,35 @@ def test_a_gpu_asked_for_where_there_is_none_exits_2(tmp_path, capsys):
         capsys, "run", "--plugin", "ppo", "--device", "cuda:0", "--run-dir", str(tmp_path / "r")
     )
     assert code == 2 and "use --device cpu (or auto)" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--env", "HalfCheetah-v5"], r"--env-batch envpool: EnvPool has no 'HalfCheetah-v5' .*; use --env-batch gym"),
+        (["--env", "CartPole-v1", "--env-batch", "pool"], r"field 'env_batch': 'env_batch' must be in \('gym', 'envpool'\)"),
+    ],
+)  # fmt: skip
+def test_envpool_where_it_cannot_work_exits_2(tmp_path, capsys, args, message):
+    pytest.importorskip("envpool")
+    args = ["--env-batch", "envpool", *args] if "--env-batch" not in args else args
+    code, err = cli_here(capsys, "run", "--plugin", "ppo", *args, "--run-dir", str(tmp_path / "r"))
+    assert code == 2 and __import__("re").search(message, err), err
+
+
+def test_envpool_missing_names_the_install_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "envpool", None)
+    code, err = cli_here(capsys, "run", "--plugin", "ppo", "--env-batch", "envpool", "--run-dir", str(tmp_path / "r"))
+    assert code == 2 and 'EnvPool is not installed: pip install "mprl[envpool]"' in err, err
+
+
+def test_a_run_with_envpool_solves_cartpole_like_one_with_gym():
+    pytest.importorskip("envpool")
+    result = run_serial("ppo", env="CartPole-v1", env_batch="envpool", total_steps=60_000, seed=1)
+    returns = result.episode_returns
+    assert result.summary.solved or np.mean(returns[-20:]) > 300, np.mean(returns[-20:])
+    # episodes of CartPole pay 1 a step: each logged return is its length, up to the limit
+    assert all(1 <= r <= 500 and r == int(r) for r in returns)
 
 
 def test_missing_extras_name_the_install_line(tmp_path, capsys, monkeypatch):

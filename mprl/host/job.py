@@ -21,6 +21,7 @@ from mprl.host.config import build
 from mprl.host.envs import EnvFactory, check_trusted, make_env, workload
 from mprl.host.plugins import PluginManager
 from mprl.learner import check_device
+from mprl.lib import envpool
 from mprl.run_types import RunConfig
 from mprl.schema import Dims
 
@@ -62,6 +63,8 @@ def resolve(
     if not run_cfg.env:
         run_cfg = attrs.evolve(run_cfg, env=algo.default_env)
     check_device(run_cfg.device, algo.name, trains_in_workers=algo.train is None)
+    if run_cfg.env_batch == "envpool":
+        envpool.check(run_cfg.env)
     if config is None or isinstance(config, Mapping):
         preset = algo.presets.get(workload(run_cfg.env) or "", {})
         config = build(algo.config_cls, {**preset, **(config or {})}, source=f"{algo.name} config")

@@ -38,16 +38,33 @@ class EnvBatch:
     The logged return is the env's own score: where a wrapper changed the rewards learned from
     (Atari's clipping), gymnasium's ``RecordEpisodeStatistics`` below it tells the raw one.
 
+    With ``--env-batch envpool`` (or a ``pool`` given) one EnvPool steps them all in C++
+    (:mod:`mprl.lib.envpool`); episodes, the truncation bootstrap and resets are the same: a
+    finished env is reset within the step, so ``self.obs`` holds the new episode's start.
+
     :param ctx: the worker's Context (environments and episode logging come from it).
     :param n: how many environments.
     :param gamma: the discount used for the truncation bootstrap.
+    :param pool: an EnvPool of ``n`` envs to step instead (:func:`mprl.lib.envpool.make_pool`).
     """
 
-    def __init__(self, ctx: Any, n: int, gamma: float) -> None:
+    def __init__(self, ctx: Any, n: int, gamma: float, pool: Any = None) -> None:
         self.ctx, self.gamma = ctx, gamma
-        self.envs = [ctx.make_env(i) for i in range(n)]
-        self.dtype = obs_dtype(self.envs[0].observation_space)
-        self.obs = self._tensor(np.stack([env.reset()[0] for env in self.envs]))
+        run = getattr(ctx, "run", None)
+        if pool is None and getattr(run, "env_batch", "gym") == "envpool":
+            from mprl.lib.envpool import make_pool
+
+            pool = make_pool(run.env, [ctx.env_seed(i) for i in range(n)])
+        self.pool = pool
+        if pool is None:
+            self.envs = [ctx.make_env(i) for i in range(n)]
+            self.dtype = obs_dtype(self.envs[0].observation_space)
+            self.obs = self._tensor(np.stack([env.reset()[0] for env in self.envs]))
+        else:
+            self.envs = []
+            self.dtype = obs_dtype(pool.observation_space)
+            self.obs = self._tensor(pool.reset()[0].copy())
+        self.n = n
         self.ep_return = [0.0] * n  # Python numbers: a numpy item update costs 4x as much
         self.ep_start = [0] * n  # the value of self.t when each env's episode began
         self.t = 0  # steps of this batch so far
@@ -55,7 +72,7 @@ class EnvBatch:
         self.dones = np.zeros(n, dtype=np.float32)
 
     def __len__(self) -> int:
-        return len(self.envs)
+        return self.n
 
     def step(self, model: ActorCritic, actions: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
         """Step every env with ``actions``; ``self.obs`` becomes the next observations. Returns
@@ -63,7 +80,9 @@ class EnvBatch:
         self.rewards[:], self.dones[:] = self._step(model, actions)
         return self.rewards, self.dones
 
-    def _step(self, model: ActorCritic, actions: torch.Tensor) -> tuple[list, list]:
+    def _step(self, model: ActorCritic, actions: torch.Tensor) -> tuple[Any, Any]:
+        if self.pool is not None:
+            return self._step_pool(model, actions)
         env_actions = model.to_env(actions)
         ep_return = self.ep_return
         self.t += 1
@@ -87,6 +106,30 @@ class EnvBatch:
             rewards.append(r)
         self.obs = self._tensor(np.stack(next_obs))
         return rewards, dones
+
+    def _step_pool(self, model: ActorCritic, actions: torch.Tensor) -> tuple[Any, Any]:
+        env_actions = model.to_env(actions)
+        obs, rewards, terminated, truncated, info = self.pool.step(env_actions)
+        raw = info.get("reward", rewards)  # Atari: the score; ``rewards`` are clipped
+        self.t += 1
+        ep_return = self.ep_return
+        done = terminated | truncated
+        rewards = rewards.astype(np.float32)
+        obs = obs.copy()  # the rollout keeps it: never a view of the pool's own buffer
+        for i, r in enumerate(raw.tolist()):
+            ep_return[i] += r
+        for i in np.flatnonzero(done):
+            if not terminated[i]:  # a time limit: the value of where it stopped still counts
+                with torch.no_grad():
+                    rewards[i] += self.gamma * model.value(self._tensor(obs[i : i + 1])).item()
+            self.ctx.log_episode(ep_return[i], self.t - self.ep_start[i])
+            ep_return[i], self.ep_start[i] = 0.0, self.t
+        if done.any():  # EnvPool resets on the next step: do it now, for those envs alone
+            ids = np.flatnonzero(done)
+            fresh, *_, again = self.pool.step(env_actions[ids], env_id=ids)
+            obs[again["env_id"]] = fresh
+        self.obs = self._tensor(obs)
+        return rewards, done
 
     def _tensor(self, obs: np.ndarray) -> torch.Tensor:
         return torch.as_tensor(obs, dtype=self.dtype)
@@ -114,8 +157,10 @@ class EnvBatch:
         torch.stack(logps, out=slot["logp"])
         slot["reward"].numpy()[:] = rewards
         slot["done"].numpy()[:] = dones
-        self.ctx.add_steps(steps * len(self.envs))
+        self.ctx.add_steps(steps * self.n)
 
     def close(self) -> None:
         for env in self.envs:
             env.close()
+        if self.pool is not None:
+            self.pool.close()
