@@ -7,12 +7,13 @@ so background load hits every system alike.
 
 ``impala``   ``python -m mprl run --plugin impala --env ENV --workers 2`` (its Atari preset)
 ``ppo``      ``python -m mprl run --plugin ppo --env ENV --workers 2`` (its Atari preset)
+``impala:envpool``, ``ppo:envpool``  the same with ``--env-batch envpool``
 ``sb3_ppo``  Stable-Baselines3 PPO, ``CnnPolicy``, rl-zoo's Atari settings (8 envs in a
              ``SubprocVecEnv``, n_steps 128, 4 epochs of 256, lr 2.5e-4, clip 0.1, ent 0.01)
 
 Reported per run, over the window from ``--warmup`` seconds after the first env step to the end:
 
-- ``frames_per_s``: env frames (agent steps x 4) collected per second;
+- ``frames_per_s``: env frames (agent steps x 4 on Atari) collected per second;
 - ``learned_per_s``: samples the learner consumed per second (each sample once, whatever the
   number of epochs over it).
 
@@ -33,7 +34,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-FRAME_SKIP = 4
+
+def _skip(env: str) -> int:
+    """Env frames per agent step: 4 on Atari (the preprocessing skips 3), else 1."""
+    from mprl.host.envs import is_atari
+
+    return 4 if is_atari(env) else 1
+
 
 SB3_SCRIPT = r"""
 import json, sys, time
@@ -41,13 +48,15 @@ import torch
 from stable_baselines3 import PPO
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.vec_env import SubprocVecEnv
-from mprl.host.envs import make_atari
+import gymnasium as gym
+from mprl.host.envs import is_atari, make_atari
 
 env_id, seconds = sys.argv[1], float(sys.argv[2])
+atari = is_atari(env_id)
 
 def make(rank):
     def thunk():
-        env = make_atari(env_id)
+        env = make_atari(env_id) if atari else gym.make(env_id)
         env.reset(seed=rank)
         return env
     return thunk
@@ -65,7 +74,8 @@ class Clock(BaseCallback):
 
 if __name__ == "__main__":
     venv = SubprocVecEnv([make(i) for i in range(8)])
-    model = PPO("CnnPolicy", venv, n_steps=128, n_epochs=4, batch_size=256, learning_rate=2.5e-4,
+    policy = "CnnPolicy" if atari else "MlpPolicy"
+    model = PPO(policy, venv, n_steps=128, n_epochs=4, batch_size=256, learning_rate=2.5e-4,
                 clip_range=0.1, vf_coef=0.5, ent_coef=0.01, verbose=0, seed=0)
     clock = Clock()
     model.learn(total_timesteps=10**9, callback=clock)
@@ -86,9 +96,11 @@ def _window(points: list[tuple[float, float]], warmup: float) -> float | None:
     return (last[1] - first[1]) / max(last[0] - first[0], 1e-9)
 
 
-def run_mprl(plugin: str, env: str, seconds: float, warmup: float) -> dict[str, Any]:
+def run_mprl(system: str, env: str, seconds: float, warmup: float) -> dict[str, Any]:
+    plugin, _, env_batch = system.partition(":")
     run_dir = Path(tempfile.mkdtemp(prefix="atari-bench-")) / "run"
     cmd = [sys.executable, "-m", "mprl", "run", "--plugin", plugin, "--env", env]
+    cmd += ["--env-batch", env_batch or "gym"]
     cmd += ["--workers", "2", "--total-steps", "1e9", "--run-dir", str(run_dir), "--quiet"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     time.sleep(seconds)
@@ -109,8 +121,8 @@ def run_mprl(plugin: str, env: str, seconds: float, warmup: float) -> dict[str, 
         rates = [r["iterations_per_s"] for r in trainer if r["wall"] >= start]
         learn = statistics.mean(rates) * per_iteration if rates else None
     return {
-        "system": plugin,
-        "frames_per_s": None if collect is None else round(collect * FRAME_SKIP),
+        "system": system,
+        "frames_per_s": None if collect is None else round(collect * _skip(env)),
         "learned_per_s": None if learn is None else round(learn),
         "returncode": proc.returncode,
         "error": err[-400:] if proc.returncode else "",
@@ -130,7 +142,7 @@ def run_sb3(env: str, seconds: float, warmup: float) -> dict[str, Any]:
     collect, learn = _window(collected, warmup), _window(learned, warmup)
     return {
         "system": "sb3_ppo",
-        "frames_per_s": None if collect is None else round(collect * FRAME_SKIP),
+        "frames_per_s": None if collect is None else round(collect * _skip(env)),
         "learned_per_s": None if learn is None else round(learn),
         "torch_threads": out["threads"],
         "returncode": 0,
