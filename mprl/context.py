@@ -146,7 +146,7 @@ class Context:
             self._staging = Staging(self.device)
         return self._staging(batch)
 
-    def sync_learner(self) -> None:
+    def _sync_learner(self) -> None:
         """Copy a GPU learner's optimizer state back to the shared optimizers (which are
         checkpointed); the backend calls it when the train function returns. Nothing on CPU."""
         if self._learner is not None:

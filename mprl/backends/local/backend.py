@@ -136,7 +136,7 @@ def _child_main(
             profile.runcall(fn, ctx)
         else:
             fn(ctx)
-        ctx.sync_learner()  # a GPU learner's optimizer state, for the final checkpoint
+        ctx._sync_learner()  # a GPU learner's optimizer state, for the final checkpoint
     except BaseException:
         ctx.channel.send(ctx._slot, {"_error": traceback.format_exc(), "source": ctx.source})
         code = 1

@@ -99,7 +99,7 @@ class ChildActor:
         ctx.heartbeat()
         try:
             fn(ctx)
-            ctx.sync_learner()  # a GPU learner's optimizer state, for the final checkpoint
+            ctx._sync_learner()  # a GPU learner's optimizer state, for the final checkpoint
             transport.flush()  # its last counter adds and replay rows
         except BaseException:
             return {"code": 1, "traceback": traceback.format_exc()}

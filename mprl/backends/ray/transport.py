@@ -317,6 +317,8 @@ class _Bound:
         """``call(slice_s)`` (a remote wait) until it gives a value other than ``None``;
         ``None`` once the run stops or after ``timeout``."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        if _BATCH.counters or _BATCH.rows:  # what it waits for may need them: send them now
+            _BATCH.send()
         while True:
             if self._stop():  # first: data that keeps coming must not keep a stopped run going
                 return None

@@ -70,7 +70,7 @@ class _Proc:
         try:
             if not run.stopping:
                 self.fn(self.ctx)
-                self.ctx.sync_learner()
+                self.ctx._sync_learner()
         except _Stopped:
             pass  # it was waiting when the run stopped: what SIGTERM is to a spawned process
         except SystemExit as exc:
