@@ -199,7 +199,9 @@ def test_envpool_where_it_cannot_work_exits_2(tmp_path, capsys, args, message):
 
 def test_envpool_missing_names_the_install_line(tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "envpool", None)
-    code, err = cli_here(capsys, "run", "--plugin", "ppo", "--env-batch", "envpool", "--run-dir", str(tmp_path / "r"))
+    code, err = cli_here(
+        capsys, "run", "--plugin", "ppo", "--env-batch", "envpool", "--run-dir", str(tmp_path / "r")
+    )
     assert code == 2 and 'EnvPool is not installed: pip install "mprl[envpool]"' in err, err
 
 
