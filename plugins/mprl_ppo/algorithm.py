@@ -174,8 +174,9 @@ def train(ctx: mprl.Context) -> None:
         for group in optimizer.param_groups:
             group["lr"] = cfg.lr * fraction
         with weights.publishing(model):
-            report = _update(ctx, cfg, model, optimizer, data, generator)
+            stats = _update(ctx, cfg, model, optimizer, data, generator)
             model.observe(data[0])  # normalisation statistics, with normalize_obs
+        report = stats or report  # none when the run stopped before its first minibatch
         report["lr"] = cfg.lr * fraction
         if time.monotonic() - last_log >= LOG_EVERY_S:
             last_log, updates_at_log = _log(ctx, report, weights.version, last_log, updates_at_log)
