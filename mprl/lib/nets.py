@@ -329,8 +329,15 @@ class ActorCriticConfig:
 
 def make_model(obs_space: gym.Space, act_space: gym.Space, config: ActorCriticConfig) -> nn.Module:
     """An :class:`ActorCritic` with the config's ``hidden``, ``torso`` and ``normalize_obs``
-    (an ``Algorithm.make_model``)."""
-    return ActorCritic(obs_space, act_space, config.hidden, config.torso, config.normalize_obs)
+    (an ``Algorithm.make_model``); a config without the last two (one written before they
+    were fields) gets their defaults."""
+    return ActorCritic(
+        obs_space,
+        act_space,
+        config.hidden,
+        getattr(config, "torso", "auto"),
+        getattr(config, "normalize_obs", False),
+    )
 
 
 _ADAM_STEP = inspect.unwrap(torch.optim.Adam.step)
