@@ -5,6 +5,7 @@ process's device (``--device``)."""
 from __future__ import annotations
 
 import json
+import re
 import sys
 
 import gymnasium as gym
@@ -104,18 +105,16 @@ def test_atari_learns_from_clipped_rewards_and_logs_the_raw_score(way):
     model = ActorCritic(env.observation_space, env.action_space, (64,))
     envs = ctx.batch(way, 2)
     assert envs.obs.dtype == torch.uint8 and envs.obs.shape == (2, 4, 84, 84)
-    learned = [0.0, 0.0]
+    kills = np.zeros(2)  # clipped rewards summed per env: one per alien shot
     while not ctx.episodes:
         rewards, dones = envs.step(model, model.sample(model.policy(envs.obs)))
-        assert set(np.unique(rewards)) <= {-1.0, 0.0, 1.0}
-        for i in range(2):
-            learned[i] += float(rewards[i])
-            if dones[i] and not ctx.episodes:
-                learned[i] = 0.0
-    (score, length), = ctx.episodes  # fmt: skip
-    assert length > 100 and score > 0 and score % 5 == 0
-    # the clipped rewards of that episode count the kills; the score counts their points
-    assert score > max(learned) or score >= 5 * length / 100
+        assert set(np.unique(rewards)) <= {0.0, 1.0}  # Space Invaders only pays
+        kills += rewards
+    score, length = ctx.episodes[0]
+    ended = np.flatnonzero(dones)[0]  # the env whose episode that was (logged in env order)
+    assert length > 100 and kills[ended] > 0
+    # learning saw one per kill; the logged score is the game's points, 5 or more per kill
+    assert score >= 5 * kills[ended] and score % 5 == 0
     envs.close()
     env.close()
 
@@ -171,7 +170,7 @@ def test_each_built_in_plugin_learns_from_atari_frames_and_eval_plays_the_checkp
 def test_bad_workload_input_exits_2_with_the_line_that_fixes_it(tmp_path, capsys, args, message):
     code, err = cli_here(capsys, "run", *args, "--run-dir", str(tmp_path / "run"))
     assert code == 2, err
-    assert len(err.strip().splitlines()) == 1 and __import__("re").search(message, err), err
+    assert len(err.strip().splitlines()) == 1 and re.search(message, err), err
     assert not (tmp_path / "run").exists()
 
 
@@ -194,7 +193,7 @@ def test_envpool_where_it_cannot_work_exits_2(tmp_path, capsys, args, message):
     pytest.importorskip("envpool")
     args = ["--env-batch", "envpool", *args] if "--env-batch" not in args else args
     code, err = cli_here(capsys, "run", "--plugin", "ppo", *args, "--run-dir", str(tmp_path / "r"))
-    assert code == 2 and __import__("re").search(message, err), err
+    assert code == 2 and re.search(message, err), err
 
 
 def test_envpool_missing_names_the_install_line(tmp_path, capsys, monkeypatch):
@@ -219,14 +218,8 @@ def test_missing_extras_name_the_install_line(tmp_path, capsys, monkeypatch):
     code, err = cli_here(
         capsys, "run", "--plugin", "ppo", "--env", "ALE/Pong-v5", "--run-dir", str(tmp_path / "a")
     )
-    assert code == 2
-    assert (
-        err.strip()
-        == (
-            """mprl: environment 'ALE/Pong-v5' is an Atari game, and ale_py is not installed: pip install "mprl[atari]\""""
-        )
-        or 'ale_py is not installed: pip install "mprl[atari]"' in err
-    ), err
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert 'is an Atari game, and ale_py is not installed: pip install "mprl[atari]"' in err, err
     monkeypatch.setitem(sys.modules, "mujoco", None)
     for name in [m for m in sys.modules if m.startswith("gymnasium.envs.mujoco.")]:
         monkeypatch.delitem(sys.modules, name)
