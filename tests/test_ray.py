@@ -194,7 +194,8 @@ def test_the_classic_shape_works_across_nodes(cluster, tmp_path):
     and workers acting with the train process's model (``ctx.model`` follows it)."""
     run_dir = tmp_path / "run"
     done = run_ray(cluster, "--plugin", "relay", "--workers", "2", *WORKER,
-                   "--total-steps", "6000", "--run-dir", str(run_dir))  # fmt: skip
+                   "--total-steps", "6000", "--set", "wait_for_model=true",
+                   "--run-dir", str(run_dir))  # fmt: skip
     assert done.returncode == 0, done.stderr
     state = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["shared_state"]
     assert state["met"] == [True, True]  # both passed the barrier

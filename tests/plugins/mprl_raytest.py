@@ -29,6 +29,10 @@ class RelayConfig:
     fault_at_step: int = attrs.field(default=200, metadata={"help": "its step of the fault"})
     fault_times: int = attrs.field(default=1, metadata={"help": "incarnations with the fault"})
     step_sleep: float = attrs.field(default=0.0, metadata={"help": "seconds per step"})
+    wait_for_model: bool = attrs.field(
+        default=False,
+        metadata={"help": "count steps only once the worker acts with an updated model"},
+    )
 
 
 class Marked(torch.nn.Module):
@@ -92,7 +96,8 @@ def worker(ctx: mprl.Context) -> None:
             action = int(torch.distributions.Categorical(logits=logits).sample())
             obs, reward, term, trunc, _ = env.step(action)
             done, length, ret, steps = term or trunc, length + 1, ret + float(reward), steps + 1
-            ctx.add_steps(1)
+            if saw > 0 or not cfg.wait_for_model:  # the handshake: no end before a synced model
+                ctx.add_steps(1)
             if cfg.step_sleep:
                 time.sleep(cfg.step_sleep)
         ctx.log_episode(ret, length)
