@@ -69,10 +69,10 @@ def test_a_torso_that_cannot_work_is_refused_with_the_one_that_does(space, torso
 
 
 class _Worker:
-    """The part of a Context EnvBatch uses, over real Atari games."""
+    """The part of a Context EnvBatch uses, over real Atari games (or envs ``make`` builds)."""
 
-    def __init__(self, env_id: str) -> None:
-        self.env_id, self.episodes, self.steps = env_id, [], 0
+    def __init__(self, env_id: str, make=make_atari) -> None:
+        self.env_id, self.make, self.episodes, self.steps = env_id, make, [], 0
 
     def batch(self, way: str, n: int) -> EnvBatch:
         if way == "gym":
@@ -83,7 +83,7 @@ class _Worker:
         return EnvBatch(self, n, 0.99, pool=make_pool(self.env_id, list(range(n))))
 
     def make_env(self, index: int) -> gym.Env:
-        env = make_atari(self.env_id)
+        env = self.make(self.env_id)
         env.reset(seed=index)
         env.action_space.seed(index)
         return env
@@ -251,6 +251,45 @@ def test_obs_norm_statistics_equal_those_of_everything_it_saw():
     assert torch.allclose(norm.var, everything.var(0, unbiased=False))
     out = norm(everything.float())
     assert torch.allclose(out.mean(0), torch.zeros(3), atol=1e-5)
+
+
+def test_reward_normalisation_divides_by_the_std_of_the_discounted_return_so_far():
+    """Pendulum pays -16 to 0 a step: what a worker writes for learning is the reward over the
+    standard deviation of every discounted return seen so far, clipped to 10 (VecNormalize's
+    ``norm_reward``),
+    the time-limit bootstrap added after scaling, while the logged returns stay the env's."""
+    env = gym.make("Pendulum-v1")
+    steps, n, gamma, value = 500, 2, 0.99, 3.0
+    torch.manual_seed(0)
+    model = ActorCritic(env.observation_space, env.action_space, (8,))
+    with torch.no_grad():  # V(x) = value everywhere: the bootstrap is known
+        model.v[-1].weight.zero_()
+        model.v[-1].bias.fill_(value)
+    spec = rollout_spec(env.observation_space, env.action_space, steps, n)
+    slots, logged = [], []
+    for scaled in (False, True):
+        worker = _Worker("Pendulum-v1", make=gym.make)
+        envs = EnvBatch(worker, n, gamma, normalize_reward=scaled)
+        slot = {name: torch.zeros(shape, dtype=dtype) for name, (shape, dtype) in spec.items()}
+        torch.manual_seed(1)  # the same actions both times
+        envs.rollout(model, slot)
+        envs.close()
+        slots.append(slot)
+        logged.append(worker.episodes)
+    plain, normed = slots
+    assert torch.equal(plain["obs"], normed["obs"]) and torch.equal(plain["done"], normed["done"])
+    assert logged[0] == logged[1] and len(logged[0]) == 4  # 200-step episodes, raw returns
+    assert all(-2000 < r < -100 for r, _ in logged[0])
+    done = plain["done"].bool().numpy()
+    raw = plain["reward"].double().numpy() - done * gamma * value  # the env's own rewards
+    ret, seen, expected = np.zeros(n), [], np.zeros_like(raw)
+    for t in range(steps):
+        ret = ret * gamma + raw[t]
+        seen.extend(ret)
+        expected[t] = np.clip(raw[t] / np.std(seen), -10, 10) + done[t] * gamma * value
+        ret[done[t]] = 0.0
+    assert np.allclose(normed["reward"].numpy(), expected, rtol=1e-3, atol=1e-4)
+    assert np.std(seen) > 50  # the raw returns: far from unit scale
 
 
 pytest.importorskip("mujoco")

@@ -9,7 +9,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from mprl.lib.nets import ActorCritic
+from mprl.lib.nets import ActorCritic, merge_moments
 from mprl.schema import obs_dtype
 
 
@@ -31,6 +31,32 @@ def rollout_spec(
     }
 
 
+class ReturnNorm:
+    """Rewards divided by a running standard deviation of the discounted return, then clipped
+    (the reward scaling of SB3's ``VecNormalize`` and gymnasium's ``NormalizeReward``): the
+    value targets of MuJoCo's tasks, whose returns run to the thousands, stay near unit size.
+    The statistics are the worker's own and start again with it (a restart, a resume).
+
+    :param n: how many environments (one discounted return each).
+    :param gamma: the discount of the return.
+    """
+
+    def __init__(self, n: int, gamma: float, clip: float = 10.0) -> None:
+        self.gamma, self.clip = gamma, clip
+        self.ret = np.zeros(n)
+        self.mean, self.var, self.count = 0.0, 1.0, 1e-4
+
+    def __call__(self, rewards: np.ndarray, dones: np.ndarray) -> np.ndarray:
+        """``rewards`` scaled; ``dones`` end those envs' returns."""
+        self.ret = self.ret * self.gamma + rewards
+        self.mean, self.var, self.count = merge_moments(
+            self.mean, self.var, self.count, self.ret.mean(), self.ret.var(), len(self.ret)
+        )
+        self.ret[dones] = 0.0
+        scaled = rewards / np.sqrt(self.var + 1e-8)
+        return np.clip(scaled, -self.clip, self.clip).astype(np.float32)
+
+
 class EnvBatch:
     """The environments of one worker, stepped together: episode returns logged, time-limit
     truncation bootstrapped with the value of where the episode stopped, finished ones reset.
@@ -46,10 +72,15 @@ class EnvBatch:
     :param n: how many environments.
     :param gamma: the discount used for the truncation bootstrap.
     :param pool: an EnvPool of ``n`` envs to step instead (:func:`mprl.lib.envpool.make_pool`).
+    :param normalize_reward: learn from rewards scaled by :class:`ReturnNorm` (the truncation
+        bootstrap is added after scaling: the value is in the scaled units).
     """
 
-    def __init__(self, ctx: Any, n: int, gamma: float, pool: Any = None) -> None:
+    def __init__(
+        self, ctx: Any, n: int, gamma: float, pool: Any = None, normalize_reward: bool = False
+    ) -> None:
         self.ctx, self.gamma = ctx, gamma
+        self.return_norm = ReturnNorm(n, gamma) if normalize_reward else None
         run = getattr(ctx, "run", None)
         if pool is None and getattr(run, "env_batch", "gym") == "envpool":
             from mprl.lib.envpool import make_pool
@@ -87,14 +118,13 @@ class EnvBatch:
         ep_return = self.ep_return
         self.t += 1
         next_obs, rewards, dones = [], [], [False] * len(self.envs)
+        cut: list[tuple[int, np.ndarray]] = []  # envs stopped by a time limit, where they were
         for i, env in enumerate(self.envs):
             o, r, terminated, truncated, info = env.step(env_actions[i])
             ep_return[i] += r
             if terminated or truncated:
                 if not terminated:
-                    # a time limit, not a failure: the value of where it stopped still counts
-                    with torch.no_grad():
-                        r += self.gamma * model.value(self._tensor(o[None])).item()
+                    cut.append((i, o))
                 episode = info.get("episode")  # RecordEpisodeStatistics: the raw score
                 if episode is not None:
                     self.ctx.log_episode(float(episode["r"]), int(episode["l"]))
@@ -105,7 +135,7 @@ class EnvBatch:
             next_obs.append(o)
             rewards.append(r)
         self.obs = self._tensor(np.stack(next_obs))
-        return rewards, dones
+        return self._learned(model, rewards, dones, cut)
 
     def _step_pool(self, model: ActorCritic, actions: torch.Tensor) -> tuple[Any, Any]:
         env_actions = model.to_env(actions)
@@ -114,14 +144,12 @@ class EnvBatch:
         self.t += 1
         ep_return = self.ep_return
         done = terminated | truncated
-        rewards = rewards.astype(np.float32)
         obs = obs.copy()  # the rollout keeps it: never a view of the pool's own buffer
         for i, r in enumerate(raw.tolist()):
             ep_return[i] += r
+        cut = [(i, obs[i]) for i in np.flatnonzero(done & ~terminated)]
+        rewards = self._learned(model, rewards.astype(np.float32), done, cut)[0]
         for i in np.flatnonzero(done):
-            if not terminated[i]:  # a time limit: the value of where it stopped still counts
-                with torch.no_grad():
-                    rewards[i] += self.gamma * model.value(self._tensor(obs[i : i + 1])).item()
             self.ctx.log_episode(ep_return[i], self.t - self.ep_start[i])
             ep_return[i], self.ep_start[i] = 0.0, self.t
         if done.any():  # EnvPool resets on the next step: do it now, for those envs alone
@@ -130,6 +158,23 @@ class EnvBatch:
             obs[again["env_id"]] = fresh
         self.obs = self._tensor(obs)
         return rewards, done
+
+    def _learned(
+        self, model: ActorCritic, rewards: Any, dones: Any, cut: list[tuple[int, np.ndarray]]
+    ) -> tuple[Any, Any]:
+        """The rewards learned from: scaled (``normalize_reward``), then, where a time limit
+        stopped an episode (not a failure), the discounted value of where it stopped added."""
+        if self.return_norm is None and not cut:
+            return rewards, dones  # the common step: the env's rewards as they are
+        rewards = np.array(rewards, dtype=np.float32)
+        if self.return_norm is not None:
+            rewards = self.return_norm(rewards, np.asarray(dones, dtype=bool))
+        if cut:
+            with torch.no_grad():
+                values = model.value(self._tensor(np.stack([o for _, o in cut])))
+            for (i, _), value in zip(cut, values.tolist(), strict=True):
+                rewards[i] += self.gamma * value
+        return rewards, dones
 
     def _tensor(self, obs: np.ndarray) -> torch.Tensor:
         return torch.as_tensor(obs, dtype=self.dtype)

@@ -47,6 +47,17 @@ def channels_last(shape: tuple[int, ...]) -> bool:
     return shape[-1] <= 4 < shape[0]
 
 
+def merge_moments(
+    mean: Any, var: Any, count: Any, batch_mean: Any, batch_var: Any, n: int
+) -> tuple:
+    """Running ``(mean, var, count)`` with a batch's mean and variance folded in (Chan et
+    al.'s parallel update): plain arithmetic, so tensors and numpy values alike."""
+    total = count + n
+    delta = batch_mean - mean
+    var = (var * count + batch_var * n + delta**2 * count * n / total) / total
+    return mean + delta * n / total, var, total
+
+
 class ObsNorm(nn.Module):
     """Observations standardised by a running mean and variance (Chan et al.'s parallel
     update), kept as buffers: they travel with the model's weights to the workers, into
@@ -64,14 +75,11 @@ class ObsNorm(nn.Module):
     def update(self, obs: torch.Tensor) -> None:
         """Fold a batch ``[..., *shape]`` of observations into the statistics."""
         batch = obs.reshape(-1, *self.mean.shape).to(self.mean.dtype)
-        n, mean, var = batch.shape[0], batch.mean(0), batch.var(0, unbiased=False)
-        total = self.count + n
-        delta = mean - self.mean
-        self.var.copy_(
-            (self.var * self.count + var * n + delta.pow(2) * self.count * n / total) / total
+        merged = merge_moments(
+            self.mean, self.var, self.count, batch.mean(0), batch.var(0, unbiased=False), len(batch)
         )
-        self.mean.add_(delta * n / total)
-        self.count.copy_(total)
+        for buffer, value in zip((self.mean, self.var, self.count), merged, strict=True):
+            buffer.copy_(value)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         if not self.count:  # nothing seen yet: the identity
@@ -323,6 +331,13 @@ class ActorCriticConfig:
         metadata=field_help(
             "standardise flat observations by running mean/std (learned by the train process, "
             "sent to workers with the weights, checkpointed): on for MuJoCo"
+        ),
+    )
+    normalize_reward: bool = attrs.field(
+        default=False,
+        metadata=field_help(
+            "divide rewards learned from by a running std of the discounted return, each "
+            "worker its own (VecNormalize's norm_reward; logged returns stay raw): on for MuJoCo"
         ),
     )
 

@@ -55,7 +55,7 @@ def worker(ctx: mprl.Context) -> None:
     assert optimizer is not None
     local = copy.deepcopy(shared)
     shared_params = list(shared.parameters())
-    envs = EnvBatch(ctx, cfg.envs_per_worker, cfg.gamma)
+    envs = EnvBatch(ctx, cfg.envs_per_worker, cfg.gamma, normalize_reward=cfg.normalize_reward)
     n_envs, horizon = len(envs), cfg.n_steps
     obs_buf = torch.empty((horizon, *envs.obs.shape), dtype=envs.obs.dtype)
     rew_buf = torch.empty((horizon, n_envs))

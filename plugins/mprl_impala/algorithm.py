@@ -35,6 +35,7 @@ PRESETS = {
     "mujoco": {
         "lr": 3e-4, "envs_per_worker": 4, "unroll": 64, "batch_rollouts": 2, "gamma": 0.99,
         "entropy_coef": 0.0, "max_grad_norm": 0.5, "normalize_obs": True,
+        "normalize_reward": True,
     },
 }  # fmt: skip
 
@@ -103,7 +104,7 @@ def worker(ctx: mprl.Context) -> None:
     weights: WeightBroadcast = ctx.state.weights
     local: ActorCritic = copy.deepcopy(ctx.model)  # type: ignore[assignment]
     version = -1
-    envs = EnvBatch(ctx, cfg.envs_per_worker, cfg.gamma)
+    envs = EnvBatch(ctx, cfg.envs_per_worker, cfg.gamma, normalize_reward=cfg.normalize_reward)
     collected = ctx.state.collected[ctx.rank]  # a restarted worker counts on
     published = -COUNT_EVERY_S  # the first rollout is published at once
     while (index := rollouts.acquire()) is not None:

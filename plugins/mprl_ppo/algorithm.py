@@ -82,7 +82,7 @@ PRESETS = {
         "lr": 3e-4, "envs_per_worker": 1, "n_steps": 1024, "gamma": 0.99, "gae_lambda": 0.95,
         "epochs": 10, "minibatch_size": 64, "clip": 0.2, "entropy_coef": 0.0,
         "value_coef": 0.5, "max_grad_norm": 0.5, "anneal_steps": 1_000_000,
-        "normalize_obs": True,
+        "normalize_obs": True, "normalize_reward": True,
     },
 }  # fmt: skip
 
@@ -106,7 +106,7 @@ def worker(ctx: mprl.Context) -> None:
     rollouts: RolloutSlots = ctx.state.rollouts
     weights: WeightBroadcast = ctx.state.weights
     local: ActorCritic = copy.deepcopy(ctx.model)  # type: ignore[assignment]
-    envs = EnvBatch(ctx, cfg.envs_per_worker, cfg.gamma)
+    envs = EnvBatch(ctx, cfg.envs_per_worker, cfg.gamma, normalize_reward=cfg.normalize_reward)
     while (index := rollouts.acquire()) is not None:
         slot = rollouts.slot(index)
         # the barrier: a rollout per policy version, so wait for an update newer than the one
