@@ -17,6 +17,9 @@ Reported per run, over the window from ``--warmup`` seconds after the first env 
 - ``learned_per_s``: samples the learner consumed per second (each sample once, whatever the
   number of epochs over it).
 
+- ``score``: the raw game score at the end, mean of the last 100 episodes (learning within the
+  budget: ``--env ALE/Breakout-v5 --seconds 1200 --repeats 1``).
+
 Usage: ``python benchmarks/atari_throughput.py --seconds 120 --repeats 2``
 (needs ``pip install "mprl[atari]" stable-baselines3``).
 """
@@ -33,6 +36,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from _stats import median_range
 
 
 def _skip(env: str) -> int:
@@ -64,12 +69,15 @@ def make(rank):
 class Clock(BaseCallback):
     def __init__(self):
         super().__init__()
-        self.marks, self.start = [], time.monotonic()
+        self.marks, self.scores, self.start = [], [], time.monotonic()
     def _on_rollout_end(self):
         self.marks.append((time.monotonic() - self.start, self.num_timesteps, "collected"))
     def _on_rollout_start(self):
         self.marks.append((time.monotonic() - self.start, self.num_timesteps, "learned"))
     def _on_step(self):
+        for info in self.locals["infos"]:  # RecordEpisodeStatistics in make_atari: raw score
+            if "episode" in info:
+                self.scores.append(float(info["episode"]["r"]))
         return time.monotonic() - self.start < seconds
 
 if __name__ == "__main__":
@@ -80,7 +88,8 @@ if __name__ == "__main__":
     clock = Clock()
     model.learn(total_timesteps=10**9, callback=clock)
     venv.close()
-    print(json.dumps({"marks": clock.marks, "threads": torch.get_num_threads()}))
+    print(json.dumps({"marks": clock.marks, "scores": clock.scores,
+                      "threads": torch.get_num_threads()}))
 """
 
 
@@ -94,6 +103,12 @@ def _window(points: list[tuple[float, float]], warmup: float) -> float | None:
     inside = [p for p in moving if p[0] >= start_t] or moving[-2:]
     first, last = (inside[0], inside[-1]) if len(inside) > 1 else (moving[0], moving[-1])
     return (last[1] - first[1]) / max(last[0] - first[0], 1e-9)
+
+
+def _score(scores: list[float]) -> dict[str, Any]:
+    """The raw game score at the end: mean of the last 100 episodes, and how many there were."""
+    last = scores[-100:]
+    return {"episodes": len(scores), "score": round(statistics.fmean(last), 2) if last else None}
 
 
 def run_mprl(system: str, env: str, seconds: float, warmup: float) -> dict[str, Any]:
@@ -120,10 +135,12 @@ def run_mprl(system: str, env: str, seconds: float, warmup: float) -> dict[str, 
         start = (ticks[0][0] if ticks else 0) + warmup
         rates = [r["iterations_per_s"] for r in trainer if r["wall"] >= start]
         learn = statistics.mean(rates) * per_iteration if rates else None
+    scores = [r["episode_return"] for r in records if "episode_return" in r]
     return {
         "system": system,
         "frames_per_s": None if collect is None else round(collect * _skip(env)),
         "learned_per_s": None if learn is None else round(learn),
+        **_score(scores),
         "returncode": proc.returncode,
         "error": err[-400:] if proc.returncode else "",
     }
@@ -144,17 +161,11 @@ def run_sb3(env: str, seconds: float, warmup: float) -> dict[str, Any]:
         "system": "sb3_ppo",
         "frames_per_s": None if collect is None else round(collect * _skip(env)),
         "learned_per_s": None if learn is None else round(learn),
+        **_score(out["scores"]),
         "torch_threads": out["threads"],
         "returncode": 0,
         "error": "",
     }
-
-
-def _spread(values: list[float]) -> str:
-    values = [v for v in values if v is not None]
-    if not values:
-        return "-"
-    return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
 
 
 def main() -> int:
@@ -181,8 +192,8 @@ def main() -> int:
             with open(args.out, "a") as out:
                 out.write(json.dumps(row) + "\n")
     print(f"\n{args.env}, {args.seconds:.0f} s a run, {args.repeats} repeats; ratio to sb3_ppo")
-    print("| system | frames/s | learned samples/s | frames/s vs sb3_ppo |")
-    print("|---|---|---|---|")
+    print("| system | frames/s | learned samples/s | frames/s vs sb3_ppo | score (last 100) |")
+    print("|---|---|---|---|---|")
     base = {r["repeat"]: r.get("frames_per_s") for r in rows if r["system"] == "sb3_ppo"}
     for system in systems:
         mine = [r for r in rows if r["system"] == system]
@@ -192,8 +203,9 @@ def main() -> int:
             if r.get("frames_per_s") and base.get(r["repeat"])
         ]
         print(
-            f"| {system} | {_spread([r.get('frames_per_s') for r in mine])} | "
-            f"{_spread([r.get('learned_per_s') for r in mine])} | {_spread(ratios)} |"
+            f"| {system} | {median_range([r.get('frames_per_s') for r in mine])} | "
+            f"{median_range([r.get('learned_per_s') for r in mine])} | {median_range(ratios)} | "
+            f"{median_range([r.get('score') for r in mine])} |"
         )
     return 0
 

@@ -30,6 +30,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from _stats import median_range
+
 MARKS = (25_000, 50_000, 100_000)
 
 SB3_SCRIPT = r"""
@@ -142,17 +144,10 @@ def main() -> int:
     print("|---|---|---|" + "---|" * len(MARKS))
     for system in args.systems.split(","):
         mine = [r for r in rows if r["system"] == system]
-        cells = [_spread([r["env_steps"] for r in mine]), _spread([r["last10"] for r in mine])]
-        cells += [_spread([r[f"at_{m // 1000}k"] for r in mine]) for m in MARKS]
+        columns = ["env_steps", "last10", *(f"at_{m // 1000}k" for m in MARKS)]
+        cells = [median_range([r[c] for r in mine], ",.0f", " to ") for c in columns]
         print(f"| {system} | " + " | ".join(cells) + " |")
     return 0
-
-
-def _spread(values: list[Any]) -> str:
-    values = [v for v in values if v is not None]
-    if not values:
-        return "-"
-    return f"{statistics.median(values):,.0f} ({min(values):,.0f} to {max(values):,.0f})"
 
 
 if __name__ == "__main__":

@@ -26,13 +26,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from _stats import median_range
 
 sys.path.insert(0, str(Path(__file__).parent))
 from time_to_solve import run_sb3
@@ -114,13 +115,6 @@ def run_mprl(system: str, seed: int, workers: int, cap_s: float, address: str) -
     }
 
 
-def _median_range(values: list[float]) -> str:
-    values = [v for v in values if v is not None]
-    if not values:
-        return "-"
-    return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, default=3)
@@ -150,11 +144,11 @@ def main() -> int:
         if not runs:
             continue
         print(
-            f"{system:<8} {_median_range([r['solve_s'] for r in runs]):>20} "
-            f"{_median_range([r.get('first_step_s') for r in runs]):>20} "
-            f"{_median_range([r.get('collect_sps') for r in runs]):>22} "
-            f"{_median_range([r.get('driver_mb') for r in runs]):>10} "
-            f"{_median_range([r.get('child_mb') for r in runs]):>9}"
+            f"{system:<8} {median_range([r['solve_s'] for r in runs]):>20} "
+            f"{median_range([r.get('first_step_s') for r in runs]):>20} "
+            f"{median_range([r.get('collect_sps') for r in runs]):>22} "
+            f"{median_range([r.get('driver_mb') for r in runs]):>10} "
+            f"{median_range([r.get('child_mb') for r in runs]):>9}"
         )
     print("\nray / local, per seed (median, range):")
     for key in ("collect_sps", "solve_s", "first_step_s"):
@@ -163,7 +157,7 @@ def main() -> int:
             for ray, local in zip(by["ray"], by["local"], strict=True)
             if ray.get(key) and local.get(key)
         ]
-        print(f"  {key:<13} {_median_range(ratios)}")
+        print(f"  {key:<13} {median_range(ratios)}")
     return 0
 
 

@@ -90,6 +90,8 @@ STOP_GRACE_S = 20.0
 #: Extra seconds the SB3 subprocess gets beyond the cap for imports/construction.
 SB3_STARTUP_SLACK_S = 60.0
 CURVE_POINTS = 300  # learning-curve points kept per run in the JSON
+#: env steps at which budget runs report the mean of the last WINDOW returns (sample efficiency)
+STEP_MARKS = (50_000, 100_000, 200_000)
 
 #: rl-zoo hyperparams/ppo.yml, tuned entries. "lr" / "clip": (value, linearly annealed?)
 SB3_ZOO: dict[str, dict[str, Any]] = {
@@ -170,6 +172,18 @@ class RunRecord:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+def at_step_marks(episodes: list[tuple[int, float]]) -> dict[str, float | None]:
+    """Mean of the last WINDOW returns of the ``(env step, return)`` episodes that ended by
+    each of :data:`STEP_MARKS` (``None`` where the run did not get that far): returns against
+    env steps, which the machine's speed does not change."""
+    marks: dict[str, float | None] = {}
+    for mark in STEP_MARKS:
+        done = [ret for step, ret in episodes if step <= mark]
+        reached = any(step > mark for step, _ in episodes)
+        marks[str(mark)] = statistics.fmean(done[-WINDOW:]) if done and reached else None
+    return marks
+
+
 def learning_curve(episodes: list[tuple[float, float]]) -> list[list[float]]:
     """``[wall, mean of the last WINDOW returns]`` after each ``(wall, return)`` episode,
     thinned to at most ``CURVE_POINTS`` points (the last one always kept)."""
@@ -218,6 +232,7 @@ def sb3_one_run(env_id: str, seed: int, cap_s: float, budget_s: float | None) ->
         def __init__(self) -> None:
             super().__init__(verbose=0)
             self.episodes: list[tuple[float, float]] = []
+            self.by_step: list[tuple[int, float]] = []
             self.window: deque[float] = deque(maxlen=WINDOW)
             self.t0 = 0.0
             self.solved = self.out_of_time = False
@@ -238,6 +253,7 @@ def sb3_one_run(env_id: str, seed: int, cap_s: float, budget_s: float | None) ->
                 episode = info.get("episode")
                 if episode is not None:
                     self.episodes.append((self.wall_s, float(episode["r"])))
+                    self.by_step.append((self.num_timesteps, float(episode["r"])))
                     self.window.append(float(episode["r"]))
             self.steps_at_end = self.num_timesteps
             if (
@@ -284,7 +300,11 @@ def sb3_one_run(env_id: str, seed: int, cap_s: float, budget_s: float | None) ->
         "construct_s": construct_s,
         "torch_num_threads": torch.get_num_threads(),
         "curve": learning_curve(watch.episodes),
-        "extra": {"learn_s": learn_s, "model_num_timesteps": model.num_timesteps},
+        "extra": {
+            "learn_s": learn_s,
+            "model_num_timesteps": model.num_timesteps,
+            "at_steps": at_step_marks(watch.by_step),
+        },
     }
 
 
@@ -428,6 +448,7 @@ def run_mprl(
             (r["step"] for r in metrics if r.get("wall", 1e18) <= budget_s), default=0
         )
         record.mean_return_100 = statistics.fmean(window) if window else None
+        record.extra["at_steps"] = at_step_marks([(step, ret) for _, ret, step in episodes])
         ok = rc in (0, 130)  # stopped by our SIGINT (130) or finished first
     else:
         ok = rc == 0
@@ -499,6 +520,9 @@ def summarize_budget(records: list[RunRecord], systems: list[str]) -> dict[str, 
             "max_mean_return_100": max(means) if means else None,
             "median_env_steps": _median(steps),
         }
+        for mark in STEP_MARKS:
+            at = [r.extra.get("at_steps", {}).get(str(mark)) for r in runs]
+            table[system][f"median_at_{mark}"] = _median([v for v in at if v is not None])
     return table
 
 
@@ -536,6 +560,7 @@ def print_tables(solve: dict[str, Any], budget: dict[str, Any], budget_s: float)
         return
     print(f"\n{BUDGET_ENV}: mean of the last {WINDOW} training returns within {budget_s:g} s")
     header = f"{'system':<14} {'runs':>4} {'median':>9} {'min':>9} {'max':>9} {'med steps':>9}"
+    header += "".join(f" {f'at {m // 1000}k':>9}" for m in STEP_MARKS)
     print(header)
     print("-" * len(header))
     for system, row in budget.items():
@@ -544,7 +569,12 @@ def print_tables(solve: dict[str, Any], budget: dict[str, Any], budget_s: float)
             f"{_fmt(row['min_mean_return_100'], '9.1f')} "
             f"{_fmt(row['max_mean_return_100'], '9.1f')} "
             f"{_fmt(row['median_env_steps'], '9.0f')}"
+            + "".join(f" {_fmt(row[f'median_at_{m}'], '9.1f')}" for m in STEP_MARKS)
         )
+    print(
+        f"(median of runs; 'at Nk' = mean of the last {WINDOW} returns by N env steps, "
+        "'-' where no run got that far)"
+    )
 
 
 def plot(records: list[RunRecord], systems: list[str], path: Path, budget_s: float) -> None:

@@ -177,3 +177,66 @@ def test_env_batch_repeats_for_a_seed_and_differs_for_another(way):
 
     assert torch.equal(rollout(1), rollout(1))
     assert not torch.equal(rollout(1), rollout(2))
+
+
+def _pendulum_sde(every: int) -> tuple[ActorCritic, torch.Tensor]:
+    env = gym.make("Pendulum-v1")
+    torch.manual_seed(0)
+    model = ActorCritic(env.observation_space, env.action_space, (16, 16), sde_every=every)
+    with torch.no_grad():
+        model.log_std.normal_(0.0, 0.5)  # not all alike: each feature's own scale
+    obs = torch.as_tensor([env.observation_space.sample() for _ in range(3)])
+    return model, obs
+
+
+def test_gsde_noise_is_the_states_features_times_each_envs_matrix_held_for_k_steps():
+    """gSDE (``sde_every`` k): an env's exploration noise is its latent features times its
+    own exploration matrix, the same matrix for k steps, then a new one."""
+    model, obs = _pendulum_sde(every=3)
+    with torch.no_grad():
+        out = model.policy(obs)
+        mean, latent = out[:, :1], out[:, 1:]
+        assert latent.shape == (3, 16) and torch.equal(mean, model.pi(obs))
+        first = [model.sample(out) for _ in range(3)]
+        matrices = model._noise.clone()
+        assert all(torch.equal(a, first[0]) for a in first)  # one matrix for 3 steps
+        assert not torch.equal(model.sample(out), first[0])  # then a new one
+        expected = mean + torch.einsum("bl,bla->ba", latent, matrices)
+        assert torch.allclose(first[0], expected, atol=1e-6)
+        assert len({round(float(a), 4) for a in first[0] - mean}) == 3  # each env its own
+        # another state, the same matrices: noise follows the features
+        other = model.policy(obs.flip(0))
+        model._noise_age = 0
+        model._noise = matrices
+        moved = model.sample(other) - other[:, :1]
+        assert torch.allclose(moved, torch.einsum("bl,bla->ba", other[:, 1:], matrices), atol=1e-6)
+
+
+def test_gsde_log_prob_is_a_gaussian_whose_variance_the_features_give():
+    model, obs = _pendulum_sde(every=4)
+    out = model.policy(obs)
+    actions = torch.randn(3, 1)
+    logp, entropy = model.log_prob_entropy(out, actions)
+    mean, latent = out[:, :1], out[:, 1:]
+    std = (latent.pow(2) @ model.log_std.exp().pow(2) + 1e-6).sqrt()
+    normal = torch.distributions.Normal(mean, std)
+    assert torch.allclose(logp, normal.log_prob(actions).sum(-1), atol=1e-5)
+    assert torch.allclose(entropy, normal.entropy().sum(-1), atol=1e-5)
+    # the variance is a function of the std matrix alone: the features' own weights get no
+    # gradient through it (SB3's gSDE without learn_features), only through the mean
+    entropy.sum().backward(retain_graph=True)
+    assert model.log_std.grad.abs().sum() > 0 and not model.pi[0].weight.grad.any()
+    logp.sum().backward()
+    assert model.pi[0].weight.grad.abs().sum() > 0 and model.pi[-1].weight.grad.abs().sum() > 0
+    # deterministic play is the mean, clipped to the bounds
+    assert torch.equal(
+        torch.as_tensor(model.act(obs, deterministic=True)), mean.detach().clamp(-2, 2)
+    )
+
+
+def test_gsde_on_discrete_actions_is_refused_with_the_fix():
+    env = gym.make("CartPole-v1")
+    from mprl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"config field 'sde_every'.*use --set sde_every=0"):
+        ActorCritic(env.observation_space, env.action_space, (8,), sde_every=4)

@@ -22,13 +22,19 @@ from mprl.errors import ConfigError
 TORSOS = ("auto", "mlp", "nature", "impala")
 
 
-def mlp(n_in: int, hidden: tuple[int, ...], n_out: int, out_gain: float) -> nn.Sequential:
+#: the hidden layers' activations an MLP can have (config field ``activation``)
+ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
+
+
+def mlp(
+    n_in: int, hidden: tuple[int, ...], n_out: int, out_gain: float, activation: str = "tanh"
+) -> nn.Sequential:
     layers: list[nn.Module] = []
     for h in hidden:
         linear = nn.Linear(n_in, h)
         nn.init.orthogonal_(linear.weight, math.sqrt(2))
         nn.init.zeros_(linear.bias)
-        layers += [linear, nn.Tanh()]
+        layers += [linear, ACTIVATIONS[activation]()]
         n_in = h
     head = nn.Linear(n_in, n_out)
     nn.init.orthogonal_(head.weight, out_gain)
@@ -82,10 +88,10 @@ class ObsNorm(nn.Module):
             buffer.copy_(value)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        if not self.count:  # nothing seen yet: the identity
-            return obs
         std = (self.var + 1e-8).sqrt().to(obs.dtype)
-        return ((obs - self.mean.to(obs.dtype)) / std).clamp(-self.clip, self.clip)
+        normed = ((obs - self.mean.to(obs.dtype)) / std).clamp(-self.clip, self.clip)
+        # nothing seen yet: the identity (chosen on the device: no sync of a GPU learner)
+        return torch.where(self.count > 0, normed, obs)
 
 
 class ImageScale(nn.Module):
@@ -190,10 +196,22 @@ class ActorCritic(nn.Module):
         hidden: tuple[int, ...],
         torso: str = "auto",
         normalize_obs: bool = False,
+        sde_every: int = 0,
+        *,
+        activation: str = "tanh",
+        log_std_init: float = 0.0,
     ) -> None:
         super().__init__()
         self.discrete = isinstance(act_space, gym.spaces.Discrete)
         n_act = int(act_space.n) if self.discrete else int(np.prod(act_space.shape))
+        if sde_every and self.discrete:
+            raise ConfigError(
+                f"config field 'sde_every': state-dependent exploration is for continuous "
+                f"actions, and these are {act_space}; use --set sde_every=0"
+            )
+        self.n_act, self.sde_every = n_act, sde_every
+        self._noise: torch.Tensor | None = None  # gSDE: each env's exploration matrix
+        self._noise_age = 0
         self.torso_kind = resolve_torso(obs_space, torso)
         if normalize_obs and self.torso_kind != "mlp":
             raise ConfigError(
@@ -203,16 +221,20 @@ class ActorCritic(nn.Module):
         self.obs_norm = ObsNorm(tuple(obs_space.shape)) if normalize_obs else None
         if self.torso_kind == "mlp":
             n_obs = int(np.prod(obs_space.shape))
-            self.pi = mlp(n_obs, hidden, n_act, 0.01)
-            self.v = mlp(n_obs, hidden, 1, 1.0)
+            self.pi = mlp(n_obs, hidden, n_act, 0.01, activation)
+            self.v = mlp(n_obs, hidden, 1, 1.0, activation)
             self.torso = None
         else:
             build = nature_cnn if self.torso_kind == "nature" else impala_cnn
             self.torso, n_features = build(tuple(obs_space.shape))
             self.pi_head = _init(nn.Linear(n_features, n_act), 0.01)
             self.v_head = _init(nn.Linear(n_features, 1), 1.0)
+        if sde_every:  # one log std per (latent feature, action): Raffin et al.'s gSDE (2021)
+            latent = self.pi[-1].in_features if self.torso is None else self.pi_head.in_features
+            self.log_std = nn.Parameter(torch.full((latent, n_act), log_std_init))
+        elif not self.discrete:
+            self.log_std = nn.Parameter(torch.full((n_act,), log_std_init))
         if not self.discrete:
-            self.log_std = nn.Parameter(torch.zeros(n_act))
             self.register_buffer("low", torch.as_tensor(act_space.low, dtype=torch.float32))
             self.register_buffer("high", torch.as_tensor(act_space.high, dtype=torch.float32))
 
@@ -229,15 +251,32 @@ class ActorCritic(nn.Module):
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.torso is None:
             obs = self._in(obs)
-            return self.pi(obs), self.v(obs).squeeze(-1)
+            return self._pi(obs, self.pi), self.v(obs).squeeze(-1)
         features = self.torso(obs)
-        return self.pi_head(features), self.v_head(features).squeeze(-1)
+        return self._pi(features, self.pi_head), self.v_head(features).squeeze(-1)
 
     def policy(self, obs: torch.Tensor) -> torch.Tensor:
-        """The policy's output (logits, or the Gaussian's mean) alone: what acting needs."""
+        """The policy's output alone, what acting needs: logits, or the Gaussian's mean (with
+        gSDE, the mean and then the latent features its noise is a function of)."""
         if self.torso is None:
-            return self.pi(self._in(obs))
-        return self.pi_head(self.torso(obs))
+            return self._pi(self._in(obs), self.pi)
+        return self._pi(self.torso(obs), self.pi_head)
+
+    def _pi(self, x: torch.Tensor, net: nn.Module) -> torch.Tensor:
+        if not self.sde_every:
+            return net(x)
+        if net is self.pi:  # the MLP's last hidden layer is the latent of the noise
+            x = net[:-1](x)
+            net = net[-1]
+        return torch.cat([net(x), x.detach()], -1)
+
+    def _gaussian(self, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mean and standard deviation of the action distribution of a policy output."""
+        if not self.sde_every:
+            return out, self.log_std.exp().expand_as(out)
+        mean, latent = out[..., : self.n_act], out[..., self.n_act :]
+        variance = latent.pow(2) @ self.log_std.exp().pow(2)
+        return mean, (variance + 1e-6).sqrt()
 
     def value(self, obs: torch.Tensor) -> torch.Tensor:
         """The value of each observation of a batch, ``[B]``."""
@@ -246,9 +285,22 @@ class ActorCritic(nn.Module):
         return self.v_head(self.torso(obs)).squeeze(-1)
 
     def sample(self, out: torch.Tensor) -> torch.Tensor:
+        """Actions drawn for a batch of policy outputs. With gSDE (``sde_every`` k) the noise
+        is each env's latent features times its own exploration matrix, drawn anew every k
+        calls: exploration that is smooth in time and a function of the state."""
         if self.discrete:
             return torch.multinomial(torch.softmax(out, -1), 1).squeeze(-1)
-        return out + self.log_std.exp() * torch.randn_like(out)
+        if not self.sde_every:
+            return out + self.log_std.exp() * torch.randn_like(out)
+        mean, latent = out[..., : self.n_act], out[..., self.n_act :]
+        rows = latent.reshape(-1, latent.shape[-1])
+        noise = self._noise
+        if noise is None or len(noise) != len(rows) or self._noise_age >= self.sde_every:
+            std = self.log_std.detach().exp()
+            noise = self._noise = std * torch.randn(len(rows), *std.shape, device=std.device)
+            self._noise_age = 0
+        self._noise_age += 1
+        return mean + (rows.unsqueeze(-2) @ noise).squeeze(-2).view(mean.shape)
 
     def log_prob_entropy(
         self, out: torch.Tensor, actions: torch.Tensor
@@ -257,8 +309,9 @@ class ActorCritic(nn.Module):
             logp = torch.log_softmax(out, -1)
             chosen = logp.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
             return chosen, -(logp.exp() * logp).sum(-1)
-        log_std = self.log_std.expand_as(out)
-        z = (actions - out) / log_std.exp()
+        mean, std = self._gaussian(out)
+        log_std = std.log()
+        z = (actions - mean) / std
         logp = (-0.5 * z.pow(2) - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
         entropy = (log_std + 0.5 * math.log(2 * math.pi * math.e)).sum(-1)
         return logp, entropy
@@ -271,7 +324,7 @@ class ActorCritic(nn.Module):
             if not deterministic:
                 actions = self.sample(out)
             else:
-                actions = out.argmax(-1) if self.discrete else out
+                actions = out.argmax(-1) if self.discrete else out[..., : self.n_act]
         return self.to_env(actions)
 
     def to_env(self, actions: torch.Tensor) -> np.ndarray:
@@ -318,6 +371,15 @@ class ActorCriticConfig:
         validator=v.deep_iterable(v.and_(v.instance_of(int), v.gt(0))),
         metadata=field_help("hidden layer sizes of the policy and value MLPs"),
     )
+    activation: str = attrs.field(
+        default="tanh",
+        validator=v.in_(tuple(ACTIVATIONS)),
+        metadata=field_help("the MLPs' hidden activation: tanh or relu"),
+    )
+    log_std_init: float = attrs.field(
+        default=0.0,
+        metadata=field_help("continuous actions: the policy's log std at the start"),
+    )
     torso: str = attrs.field(
         default="auto",
         validator=v.in_(TORSOS),
@@ -333,6 +395,14 @@ class ActorCriticConfig:
             "sent to workers with the weights, checkpointed): on for MuJoCo"
         ),
     )
+    sde_every: int = attrs.field(
+        default=0,
+        validator=v.ge(0),
+        metadata=field_help(
+            "continuous actions: explore with gSDE (noise a function of the state, drawn anew "
+            "every this many steps); 0: a Gaussian with a learned std"
+        ),
+    )
     normalize_reward: bool = attrs.field(
         default=False,
         metadata=field_help(
@@ -343,15 +413,18 @@ class ActorCriticConfig:
 
 
 def make_model(obs_space: gym.Space, act_space: gym.Space, config: ActorCriticConfig) -> nn.Module:
-    """An :class:`ActorCritic` with the config's ``hidden``, ``torso`` and ``normalize_obs``
-    (an ``Algorithm.make_model``); a config without the last two (one written before they
-    were fields) gets their defaults."""
+    """An :class:`ActorCritic` with the config's network fields (an ``Algorithm.make_model``):
+    ``hidden``, ``torso``, ``normalize_obs``, ``sde_every``, ``activation``, ``log_std_init``;
+    a config without the later ones (a plugin's own, written before them) gets their defaults."""
     return ActorCritic(
         obs_space,
         act_space,
         config.hidden,
         getattr(config, "torso", "auto"),
         getattr(config, "normalize_obs", False),
+        getattr(config, "sde_every", 0),
+        activation=getattr(config, "activation", "tanh"),
+        log_std_init=getattr(config, "log_std_init", 0.0),
     )
 
 

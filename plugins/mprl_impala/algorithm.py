@@ -35,7 +35,7 @@ PRESETS = {
     "mujoco": {
         "lr": 3e-4, "envs_per_worker": 4, "unroll": 64, "batch_rollouts": 2, "gamma": 0.99,
         "entropy_coef": 0.0, "max_grad_norm": 0.5, "normalize_obs": True,
-        "normalize_reward": True,
+        "normalize_reward": True, "log_std_init": -2.0,
     },
 }  # fmt: skip
 

@@ -77,12 +77,14 @@ PRESETS = {
         "entropy_coef": 0.01, "value_coef": 0.5, "max_grad_norm": 0.5,
         "anneal_steps": 10_000_000,
     },
-    # cleanrl's ppo_continuous_action, observations normalised (2 workers: its 2048-step batch)
+    # cleanrl's ppo_continuous_action (2 workers: its 2048-step batch; observations and rewards
+    # normalised), starting from rl-zoo's log std of -2: 1158 against -54 on HalfCheetah at 60k
+    # steps (benchmarks/README.md)
     "mujoco": {
         "lr": 3e-4, "envs_per_worker": 1, "n_steps": 1024, "gamma": 0.99, "gae_lambda": 0.95,
         "epochs": 10, "minibatch_size": 64, "clip": 0.2, "entropy_coef": 0.0,
         "value_coef": 0.5, "max_grad_norm": 0.5, "anneal_steps": 1_000_000,
-        "normalize_obs": True, "normalize_reward": True,
+        "normalize_obs": True, "normalize_reward": True, "log_std_init": -2.0,
     },
 }  # fmt: skip
 
