@@ -339,6 +339,19 @@ def field_help(text: str) -> dict[str, str]:
     return {"help": text}
 
 
+#: where ``anneal_steps`` leaves the learning rate, as a fraction of ``lr``: a long run learns on
+MIN_LR_FRACTION = 0.05
+
+
+def annealed_lr(config: Any, env_steps: int) -> float:
+    """``config.lr``, falling linearly over ``config.anneal_steps`` env steps to
+    :data:`MIN_LR_FRACTION` of itself (constant where that is 0 or not a field)."""
+    steps = getattr(config, "anneal_steps", 0)
+    if not steps:
+        return config.lr
+    return config.lr * max(MIN_LR_FRACTION, 1.0 - env_steps / steps)
+
+
 @attrs.frozen
 class ActorCriticConfig:
     """Hyperparameters every actor-critic plugin here has; subclass it (``@attrs.frozen``) to add
@@ -364,6 +377,13 @@ class ActorCriticConfig:
     )
     normalize_advantages: bool = attrs.field(
         default=True, metadata=field_help("normalise advantages within each update")
+    )
+    anneal_steps: int = attrs.field(
+        default=0,
+        validator=v.ge(0),
+        metadata=field_help(
+            f"env steps over which lr falls linearly to {MIN_LR_FRACTION:g} of itself; 0: constant"
+        ),
     )
     hidden: tuple[int, ...] = attrs.field(
         default=(64, 64),

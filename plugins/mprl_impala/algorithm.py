@@ -17,7 +17,7 @@ from torch import nn
 import mprl
 from mprl import schema
 from mprl.lib.envbatch import EnvBatch, rollout_spec
-from mprl.lib.nets import ActorCritic, ActorCriticConfig, field_help
+from mprl.lib.nets import ActorCritic, ActorCriticConfig, annealed_lr, field_help
 from mprl.transport import RolloutSlots, WeightBroadcast
 
 LOG_EVERY_S = 2.0  # how often the learner reports losses, rates and staleness
@@ -216,6 +216,9 @@ def train(ctx: mprl.Context) -> None:
     stats: dict[str, torch.Tensor] = {}
     while (batch := rollouts.take_batch(cfg.batch_rollouts)) is not None:
         batch = ctx.to_device(batch)  # --device: one copy to the GPU; on the CPU, as it is
+        if cfg.anneal_steps:
+            for group in optimizer.param_groups:
+                group["lr"] = annealed_lr(cfg, ctx.env_steps)
         stats = update(model, optimizer, cfg, batch, weights.publishing)
         staleness.append(float(weights.version - 1 - batch["version"].float().mean()))
         now = time.monotonic()

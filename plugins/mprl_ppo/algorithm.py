@@ -16,11 +16,10 @@ from torch import nn
 import mprl
 from mprl import schema
 from mprl.lib.envbatch import EnvBatch, rollout_spec
-from mprl.lib.nets import ActorCritic, ActorCriticConfig, field_help
+from mprl.lib.nets import MIN_LR_FRACTION, ActorCritic, ActorCriticConfig, annealed_lr, field_help
 from mprl.transport import RolloutSlots, WeightBroadcast
 
 LOG_EVERY_S = 2.0  # how often the learner reports losses and rates
-MIN_LR_FRACTION = 0.05  # annealing stops here, so a long run keeps learning
 
 
 @attrs.frozen
@@ -170,16 +169,14 @@ def train(ctx: mprl.Context) -> None:
             returns.flatten(),
             values[:-1].flatten(),
         )
-        fraction = 1.0
-        if cfg.anneal_steps:
-            fraction = max(MIN_LR_FRACTION, 1.0 - ctx.env_steps / cfg.anneal_steps)
+        lr = annealed_lr(cfg, ctx.env_steps)
         for group in optimizer.param_groups:
-            group["lr"] = cfg.lr * fraction
+            group["lr"] = lr
         with weights.publishing(model):
             stats = _update(ctx, cfg, model, optimizer, data, generator)
             model.observe(data[0])  # normalisation statistics, with normalize_obs
         report = stats or report  # none when the run stopped before its first minibatch
-        report["lr"] = cfg.lr * fraction
+        report["lr"] = lr
         if time.monotonic() - last_log >= LOG_EVERY_S:
             last_log, updates_at_log = _log(ctx, report, weights.version, last_log, updates_at_log)
     if weights.version > updates_at_log:  # the last stretch, so short runs report too
