@@ -142,7 +142,7 @@ def run_mprl(system: str, env: str, seconds: float, warmup: float) -> dict[str, 
         "learned_per_s": None if learn is None else round(learn),
         **_score(scores),
         "returncode": proc.returncode,
-        "error": err[-400:] if proc.returncode else "",
+        "error": err[-400:] if proc.returncode not in (0, 130) else "",  # 130: our SIGINT
     }
 
 

@@ -112,6 +112,26 @@ def test_impala_update_learns_the_rewarded_action_and_steps_inside_publishing():
     assert 0.4 < start < 0.6 and p_rewarded() > 0.9
 
 
+@pytest.mark.parametrize(
+    ("algorithm", "shape"),
+    [("impala", {"envs_per_worker": 4, "unroll": 16}), ("a3c", {"envs_per_worker": 4})],
+)
+def test_the_learning_rate_anneals_over_env_steps_to_the_floor(algorithm, shape):
+    """``anneal_steps``: the lr falls with the run's env steps, to 5% of ``lr`` (where it
+    stays, so a long run learns on), and the run's optimizer ends with it (impala's learner;
+    a3c's Hogwild workers, each setting its own copy of the groups)."""
+    from mprl.lib.nets import MIN_LR_FRACTION, annealed_lr
+    from mprl.testing import run_serial
+
+    cfg = ImpalaConfig(lr=1e-3, anneal_steps=10_000)
+    assert annealed_lr(cfg, 0) == 1e-3 and annealed_lr(cfg, 2_500) == pytest.approx(7.5e-4)
+    assert annealed_lr(cfg, 10**6) == pytest.approx(1e-3 * MIN_LR_FRACTION)
+    assert annealed_lr(ImpalaConfig(lr=1e-3), 10**6) == 1e-3  # 0: constant
+    config = {"lr": 1e-3, "anneal_steps": 2048, **shape}
+    result = run_serial(algorithm, total_steps=8192, config=config)
+    assert result.optimizer.param_groups[0]["lr"] == pytest.approx(1e-3 * MIN_LR_FRACTION)
+
+
 @pytest.mark.parametrize("env", ["CartPole-v1", "Pendulum-v1"])
 def test_short_impala_run_through_the_cli(tmp_path, env):
     run_dir = tmp_path / "run"

@@ -11,7 +11,7 @@ from torch import nn
 
 import mprl
 from mprl.lib.envbatch import EnvBatch
-from mprl.lib.nets import ActorCritic, ActorCriticConfig
+from mprl.lib.nets import ActorCritic, ActorCriticConfig, annealed_lr
 
 LOG_EVERY = 50  # updates between loss records: reporting must not cost more than learning
 
@@ -98,6 +98,9 @@ def worker(ctx: mprl.Context) -> None:
         grad_norm = nn.utils.clip_grad_norm_(local.parameters(), cfg.max_grad_norm)
         for shared_p, local_p in zip(shared_params, local.parameters(), strict=True):
             shared_p.grad = local_p.grad  # Hogwild: this process's gradient, shared weights
+        if cfg.anneal_steps:  # this process's copy of the groups; the run's steps decide
+            for group in optimizer.param_groups:
+                group["lr"] = annealed_lr(cfg, ctx.env_steps)
         optimizer.step()
         shared.observe(obs_buf)  # normalisation statistics, with normalize_obs (Hogwild too)
         updates += 1
