@@ -593,9 +593,12 @@ class _RayRun:
         """Take what ``child`` reported after its last poll (its function returned)."""
         import ray
 
-        if child.poll_ref is None:
-            child.poll_ref = child.actor.poll.remote(False, sum(self._steps()), False, None)
         with contextlib.suppress(Exception):  # the actor is gone: nothing more to take
+            if child.poll_ref is not None:  # sent before the function returned: take it first
+                ray.wait([child.poll_ref], timeout=CALL_TIMEOUT_S)
+                self._answer(child)
+            # then one sent now, which counts the function's last steps and records
+            child.poll_ref = child.actor.poll.remote(False, sum(self._steps()), False, None)
             ray.wait([child.poll_ref], timeout=CALL_TIMEOUT_S)
             self._answer(child)
 
