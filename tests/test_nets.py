@@ -7,6 +7,7 @@ import multiprocessing as mp
 import sys
 
 import gymnasium as gym
+import numpy as np
 import pytest
 import torch
 
@@ -185,7 +186,7 @@ def _pendulum_sde(every: int) -> tuple[ActorCritic, torch.Tensor]:
     model = ActorCritic(env.observation_space, env.action_space, (16, 16), sde_every=every)
     with torch.no_grad():
         model.log_std.normal_(0.0, 0.5)  # not all alike: each feature's own scale
-    obs = torch.as_tensor([env.observation_space.sample() for _ in range(3)])
+    obs = torch.as_tensor(np.stack([env.observation_space.sample() for _ in range(3)]))
     return model, obs
 
 
