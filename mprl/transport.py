@@ -73,7 +73,9 @@ class WeightBroadcast(Protocol):
 
     def wait(self, newer_than: int, timeout: float | None = None) -> int | None:
         """Sleep until a version newer than ``newer_than`` is published; return it. ``None``
-        once the run stops, or after ``timeout`` seconds."""
+        once the run stops, or after ``timeout`` seconds; ``None`` too for a version published
+        as the run stopped (a learner stopped mid-update publishes part of one), so a seeded
+        synchronous run acts on whole updates only."""
         ...
 
     def pull(self, model: torch.nn.Module, have: int = -1) -> int:

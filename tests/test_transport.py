@@ -264,6 +264,9 @@ def test_wait_sleeps_until_an_update_is_complete_and_returns_on_stop():
         assert out.get(timeout=DEADLINE_S) == "waiting"
         stop.set()
         assert out.get(timeout=10) is None
+        # version 1 is newer than 0, but the run has stopped: a version published as it stopped
+        # may be half an update (the learner saw the stop mid-update), so no one acts on it
+        assert weights.bind(0, stop.is_set).wait(0, timeout=1) is None
     finally:
         stop.set()
         waiter.join(timeout=10)

@@ -229,7 +229,9 @@ class TensorWeights(_Bound):
             seq = int(self._seq_np[0])
             return seq // 2 if seq % 2 == 0 and seq // 2 > newer_than else None
 
-        return _wait(ready, self._stop, timeout, self._sleep)
+        version = _wait(ready, self._stop, timeout, self._sleep)
+        # after the look: a learner publishes only after it saw the stop
+        return None if version is None or self._stop() else version
 
     def pull(self, model: torch.nn.Module, have: int = -1) -> int:
         tensors = self._tensors(model)
