@@ -10,6 +10,8 @@ so background load hits every system alike.
 ``impala:envpool``, ``ppo:envpool``  the same with ``--env-batch envpool``
 ``sb3_ppo``  Stable-Baselines3 PPO, ``CnnPolicy``, rl-zoo's Atari settings (8 envs in a
              ``SubprocVecEnv``, n_steps 128, 4 epochs of 256, lr 2.5e-4, clip 0.1, ent 0.01)
+``sf_appo``  Sample Factory 2 APPO (``_sf_appo.py``, run by ``--sf-python``): its Atari
+             defaults, asynchronous, 2 workers of 8 envs in two double-buffered halves
 
 Reported per run, over the window from ``--warmup`` seconds after the first env step to the end:
 
@@ -28,12 +30,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -168,6 +173,54 @@ def run_sb3(env: str, seconds: float, warmup: float) -> dict[str, Any]:
     }
 
 
+SF_LINE = re.compile(
+    r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\].*Total num frames: (\d+)\. "
+    r"Throughput: 0: ([\w.]+)\."
+)
+
+
+def run_sf(env: str, seconds: float, warmup: float, python: str | None) -> dict[str, Any]:
+    if not python:
+        raise SystemExit("sf_appo needs --sf-python: an interpreter with sample-factory installed")
+    out_dir = tempfile.mkdtemp(prefix="sf-bench-")
+    script = str(Path(__file__).with_name("_sf_appo.py"))
+    with open(Path(out_dir) / "log.txt", "w") as log_file:
+        proc = subprocess.Popen(
+            [python, script, env, out_dir],
+            stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+        time.sleep(seconds)
+        os.killpg(proc.pid, signal.SIGINT)  # its runner and the processes it spawned
+        try:
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    log = (Path(out_dir) / "log.txt").read_text()
+    frames, learned = [], []
+    for match in SF_LINE.finditer(log):
+        stamp = datetime.strptime(match[1], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+        frames.append((stamp, int(match[2])))  # frames: agent steps x the 4 skipped
+        if match[3] != "nan":
+            learned.append((stamp, float(match[3])))
+    collect = _window(frames, warmup)
+    start = (frames[0][0] if frames else 0) + warmup
+    rates = [rate for stamp, rate in learned if stamp >= start]  # samples/s, since its start
+    scores = sorted(
+        (float(t), float(score))
+        for path in Path(out_dir).glob("scores-*.txt")
+        for t, score in (line.split() for line in path.read_text().splitlines())
+    )
+    return {
+        "system": "sf_appo",
+        "frames_per_s": None if collect is None else round(collect),
+        "learned_per_s": round(rates[-1]) if rates else None,
+        **_score([score for _, score in scores]),
+        "returncode": proc.returncode,
+        "error": "" if frames else log[-400:],  # interrupted, it exits 2
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--env", default="ALE/Pong-v5")
@@ -175,6 +228,11 @@ def main() -> int:
     parser.add_argument("--warmup", type=float, default=20.0)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--systems", default="impala,ppo,sb3_ppo")
+    parser.add_argument(
+        "--sf-python",
+        default=os.environ.get("MPRL_SF_PYTHON"),
+        help="sf_appo: a Python with sample-factory 2 (default: $MPRL_SF_PYTHON)",
+    )
     parser.add_argument("--out", default="benchmarks/results/atari_throughput.jsonl")
     args = parser.parse_args()
     systems = args.systems.split(",")
@@ -184,6 +242,8 @@ def main() -> int:
         for system in systems:
             if system == "sb3_ppo":
                 row = run_sb3(args.env, args.seconds, args.warmup)
+            elif system == "sf_appo":
+                row = run_sf(args.env, args.seconds, args.warmup, args.sf_python)
             else:
                 row = run_mprl(system, args.env, args.seconds, args.warmup)
             row.update(repeat=repeat, env=args.env, seconds=args.seconds)
