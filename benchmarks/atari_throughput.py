@@ -204,8 +204,6 @@ def run_sf(env: str, seconds: float, warmup: float, python: str | None) -> dict[
         if match[3] != "nan":
             learned.append((stamp, float(match[3])))
     collect = _window(frames, warmup)
-    start = (frames[0][0] if frames else 0) + warmup
-    rates = [rate for stamp, rate in learned if stamp >= start]  # samples/s, since its start
     scores = sorted(
         (float(t), float(score))
         for path in Path(out_dir).glob("scores-*.txt")
@@ -214,7 +212,7 @@ def run_sf(env: str, seconds: float, warmup: float, python: str | None) -> dict[
     return {
         "system": "sf_appo",
         "frames_per_s": None if collect is None else round(collect),
-        "learned_per_s": round(rates[-1]) if rates else None,
+        "learned_per_s": round(learned[-1][1]) if learned else None,  # over its own window
         **_score([score for _, score in scores]),
         "returncode": proc.returncode,
         "error": "" if frames else log[-400:],  # interrupted, it exits 2

@@ -450,10 +450,9 @@ class RayWeights(_Bound):
             return self._call("wait_newer", self.field, newer_than, slice_s)
 
         version = self._waiting(newer, timeout)
-        if version is not None and self._stop():  # published as the run stopped: see the protocol
+        if version is None or self._stop():  # published as the run stopped: see the protocol
             return None
-        if version is not None:
-            _SEEN[self.field] = max(version, _SEEN.get(self.field, -1))
+        _SEEN[self.field] = max(version, _SEEN.get(self.field, -1))
         return version
 
     def pull(self, model: torch.nn.Module, have: int = -1) -> int:
