@@ -8,6 +8,7 @@ so background load hits every system alike.
 ``impala``   ``python -m mprl run --plugin impala --env ENV --workers 2`` (its Atari preset)
 ``ppo``      ``python -m mprl run --plugin ppo --env ENV --workers 2`` (its Atari preset)
 ``impala:envpool``, ``ppo:envpool``  the same with ``--env-batch envpool``
+``impala@batch_rollouts=1,lr=3e-4``  (any mprl system) with those ``--set`` values
 ``sb3_ppo``  Stable-Baselines3 PPO, ``CnnPolicy``, rl-zoo's Atari settings (8 envs in a
              ``SubprocVecEnv``, n_steps 128, 4 epochs of 256, lr 2.5e-4, clip 0.1, ent 0.01)
 ``sf_appo``  Sample Factory 2 APPO (``_sf_appo.py``, run by ``--sf-python``): its Atari
@@ -117,11 +118,13 @@ def _score(scores: list[float]) -> dict[str, Any]:
 
 
 def run_mprl(system: str, env: str, seconds: float, warmup: float) -> dict[str, Any]:
-    plugin, _, env_batch = system.partition(":")
+    system_name, _, sets = system.partition("@")
+    plugin, _, env_batch = system_name.partition(":")
     run_dir = Path(tempfile.mkdtemp(prefix="atari-bench-")) / "run"
     cmd = [sys.executable, "-m", "mprl", "run", "--plugin", plugin, "--env", env]
     cmd += ["--env-batch", env_batch or "gym"]
     cmd += ["--workers", "2", "--total-steps", "1e9", "--run-dir", str(run_dir), "--quiet"]
+    cmd += [arg for value in filter(None, sets.split(",")) for arg in ("--set", value)]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     time.sleep(seconds)
     proc.send_signal(signal.SIGINT)
