@@ -8,7 +8,8 @@ so background load hits every system alike.
 ``impala``   ``python -m mprl run --plugin impala --env ENV --workers 2`` (its Atari preset)
 ``ppo``      ``python -m mprl run --plugin ppo --env ENV --workers 2`` (its Atari preset)
 ``impala:envpool``, ``ppo:envpool``  the same with ``--env-batch envpool``
-``impala@batch_rollouts=1,lr=3e-4``  (any mprl system) with those ``--set`` values
+``impala@batch_rollouts=1,lr=3e-4``  (any mprl system) with those ``--set`` values; an item
+             that starts with ``--`` is a run flag: ``impala@--device=cuda,batch_rollouts=4``
 ``sb3_ppo``  Stable-Baselines3 PPO, ``CnnPolicy``, rl-zoo's Atari settings (8 envs in a
              ``SubprocVecEnv``, n_steps 128, 4 epochs of 256, lr 2.5e-4, clip 0.1, ent 0.01)
 ``sf_appo``  Sample Factory 2 APPO (``_sf_appo.py``, run by ``--sf-python``): its Atari
@@ -117,14 +118,15 @@ def _score(scores: list[float]) -> dict[str, Any]:
     return {"episodes": len(scores), "score": round(statistics.fmean(last), 2) if last else None}
 
 
-def run_mprl(system: str, env: str, seconds: float, warmup: float) -> dict[str, Any]:
+def run_mprl(system: str, env: str, seconds: float, warmup: float, workers: int) -> dict[str, Any]:
     system_name, _, sets = system.partition("@")
     plugin, _, env_batch = system_name.partition(":")
     run_dir = Path(tempfile.mkdtemp(prefix="atari-bench-")) / "run"
     cmd = [sys.executable, "-m", "mprl", "run", "--plugin", plugin, "--env", env]
     cmd += ["--env-batch", env_batch or "gym"]
-    cmd += ["--workers", "2", "--total-steps", "1e9", "--run-dir", str(run_dir), "--quiet"]
-    cmd += [arg for value in filter(None, sets.split(",")) for arg in ("--set", value)]
+    cmd += ["--workers", str(workers), "--total-steps", "1e9", "--run-dir", str(run_dir), "--quiet"]
+    for item in filter(None, sets.split(",")):
+        cmd += item.split("=", 1) if item.startswith("--") else ["--set", item]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     time.sleep(seconds)
     proc.send_signal(signal.SIGINT)
@@ -139,7 +141,7 @@ def run_mprl(system: str, env: str, seconds: float, warmup: float) -> dict[str, 
         per_update = config["batch_rollouts"] * config["unroll"] * config["envs_per_worker"]
         learn = _window([(r["wall"], r["updates"] * per_update) for r in trainer], warmup)
     else:  # ppo: an iteration learns every worker's rollout; its records carry the rate
-        per_iteration = 2 * config["n_steps"] * config["envs_per_worker"]
+        per_iteration = workers * config["n_steps"] * config["envs_per_worker"]
         start = (ticks[0][0] if ticks else 0) + warmup
         rates = [r["iterations_per_s"] for r in trainer if r["wall"] >= start]
         learn = statistics.mean(rates) * per_iteration if rates else None
@@ -229,6 +231,8 @@ def main() -> int:
     parser.add_argument("--warmup", type=float, default=20.0)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--systems", default="impala,ppo,sb3_ppo")
+    parser.add_argument("--workers", type=int, default=2, help="an mprl system's --workers")
+    parser.add_argument("--baseline", default="sb3_ppo", help="the system ratios are taken to")
     parser.add_argument(
         "--sf-python",
         default=os.environ.get("MPRL_SF_PYTHON"),
@@ -246,16 +250,17 @@ def main() -> int:
             elif system == "sf_appo":
                 row = run_sf(args.env, args.seconds, args.warmup, args.sf_python)
             else:
-                row = run_mprl(system, args.env, args.seconds, args.warmup)
+                row = run_mprl(system, args.env, args.seconds, args.warmup, args.workers)
             row.update(repeat=repeat, env=args.env, seconds=args.seconds)
             rows.append(row)
             print(json.dumps(row), flush=True)
             with open(args.out, "a") as out:
                 out.write(json.dumps(row) + "\n")
-    print(f"\n{args.env}, {args.seconds:.0f} s a run, {args.repeats} repeats; ratio to sb3_ppo")
-    print("| system | frames/s | learned samples/s | frames/s vs sb3_ppo | score (last 100) |")
+    print(f"\n{args.env}, {args.seconds:.0f} s a run, {args.repeats} repeats")
+    print("| system | frames/s | learned samples/s ", end="")
+    print(f"| frames/s vs {args.baseline} | score (last 100) |")
     print("|---|---|---|---|---|")
-    base = {r["repeat"]: r.get("frames_per_s") for r in rows if r["system"] == "sb3_ppo"}
+    base = {r["repeat"]: r.get("frames_per_s") for r in rows if r["system"] == args.baseline}
     for system in systems:
         mine = [r for r in rows if r["system"] == system]
         ratios = [

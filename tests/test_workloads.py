@@ -4,6 +4,7 @@ process's device (``--device``)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import sys
@@ -23,7 +24,13 @@ from mprl.lib.nets import ActorCritic, ActorCriticConfig, ObsNorm, make_model, m
 from mprl.testing import run_serial
 from tests.conftest import cli_here
 
-ale_py = pytest.importorskip("ale_py")
+#: only the tests that need an extra skip without it (the GPU and normalisation tests run anyway)
+needs_atari = pytest.mark.skipif(
+    importlib.util.find_spec("ale_py") is None, reason='needs ale-py: pip install "mprl[atari]"'
+)
+needs_mujoco = pytest.mark.skipif(
+    importlib.util.find_spec("mujoco") is None, reason='needs mujoco: pip install "mprl[mujoco]"'
+)
 FRAMES = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
 
 
@@ -95,6 +102,7 @@ class _Worker:
         self.steps += n
 
 
+@needs_atari
 @pytest.mark.parametrize("way", ["gym", "envpool"])
 def test_atari_learns_from_clipped_rewards_and_logs_the_raw_score(way):
     """Space Invaders pays 5 to 30 points an alien: the rewards written for learning are their
@@ -119,6 +127,7 @@ def test_atari_learns_from_clipped_rewards_and_logs_the_raw_score(way):
     env.close()
 
 
+@needs_atari
 def test_workload_presets_apply_under_the_users_own_values():
     pm = get_plugin_manager()
     assert workload("ALE/Pong-v5") == "atari" and workload("PongNoFrameskip-v4") == "atari"
@@ -131,6 +140,7 @@ def test_workload_presets_apply_under_the_users_own_values():
     assert config.n_steps == 32 and not config.normalize_obs  # unchanged
 
 
+@needs_atari
 @pytest.mark.parametrize("algorithm", ["a3c", "impala", "ppo"])
 def test_each_built_in_plugin_learns_from_atari_frames_and_eval_plays_the_checkpoint(
     algorithm, tmp_path
@@ -162,7 +172,7 @@ def test_each_built_in_plugin_learns_from_atari_frames_and_eval_plays_the_checkp
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--plugin", "ppo", "--env", "ALE/Pong-v5", "--set", "torso=mlp"], r"config field 'torso': the observations are images \(4, 84, 84\) uint8, which an MLP cannot learn from; use --set torso=nature"),
+        pytest.param(["--plugin", "ppo", "--env", "ALE/Pong-v5", "--set", "torso=mlp"], r"config field 'torso': the observations are images \(4, 84, 84\) uint8, which an MLP cannot learn from; use --set torso=nature", marks=needs_atari),
         (["--plugin", "a3c", "--device", "cuda"], r"--device cuda: algorithm 'a3c' trains one shared model in every worker \(Hogwild, CPU shared memory\), so it cannot learn on a GPU; use --device cpu"),
         (["--plugin", "ppo", "--device", "gpu"], r"run option 'device': 'gpu' is not one of auto, cpu, cuda, cuda:N"),
     ],
@@ -312,9 +322,7 @@ def test_ppo_with_gsde_learns_its_std_matrix_and_eval_plays_the_checkpoint(tmp_p
         assert played["lengths"] == [200]
 
 
-pytest.importorskip("mujoco")
-
-
+@needs_mujoco
 def test_mujoco_ppo_normalises_observations_and_eval_uses_the_statistics(tmp_path):
     from mprl.tools.evaluate import evaluate
 
