@@ -122,12 +122,13 @@ def main() -> int:
     parser.add_argument("--env", default="HalfCheetah-v5")
     parser.add_argument("--budget", type=float, default=150.0)
     parser.add_argument("--seeds", type=int, default=2)
+    parser.add_argument("--first-seed", type=int, default=0, help="seeds are FIRST, FIRST+1, ...")
     parser.add_argument("--systems", default="mprl_ppo,sb3_ppo,mprl_sac,sb3_sac")
     parser.add_argument("--out", default="benchmarks/results/mujoco_budget.jsonl")
     args = parser.parse_args()
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     rows = []
-    for seed in range(args.seeds):
+    for seed in range(args.first_seed, args.first_seed + args.seeds):
         for system in args.systems.split(","):
             kind, _, algo = system.partition("_")
             if kind == "mprl":
@@ -139,7 +140,8 @@ def main() -> int:
             with open(args.out, "a") as out:
                 out.write(json.dumps({**row, "env": args.env, "budget": args.budget}) + "\n")
     marks = " | ".join(f"at {m // 1000}k steps" for m in MARKS)
-    print(f"\n{args.env}, {args.budget:.0f} s a run, seeds 0-{args.seeds - 1}: median (range)")
+    seeds = f"{args.first_seed}-{args.first_seed + args.seeds - 1}"
+    print(f"\n{args.env}, {args.budget:.0f} s a run, seeds {seeds}: median (range)")
     print(f"| system | env steps | last 10 episodes | {marks} |")
     print("|---|---|---|" + "---|" * len(MARKS))
     for system in args.systems.split(","):
