@@ -202,7 +202,7 @@ def run_serial(
     config: Mapping[str, Any] | Any | None = None,
     **options: Any,
 ) -> SerialResult:
-    """Run ``algorithm`` in this process with the serial backend (see :mod:`mprl.serial`).
+    """Run ``algorithm`` in this process with the serial backend (see :mod:`mprl.backends.serial`).
 
     :param plugins: where to find it: a plugin manager (``mprl_pm``), or a list of plugin
         modules, registered with mprl's built-ins only (default: the installed plugins).

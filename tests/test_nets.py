@@ -1,5 +1,6 @@
-"""mprl.nets: Adam (the same updates as torch.optim.Adam, without importing torch._dynamo) and
-EnvBatch (episodes, time-limit bootstrap and rollout slots, on real environments)."""
+"""mprl.lib.nets: Adam (the same updates as torch.optim.Adam, without importing torch._dynamo),
+and mprl.lib.envbatch.EnvBatch (episodes, time-limit bootstrap and rollout slots, on real
+environments)."""
 
 from __future__ import annotations
 

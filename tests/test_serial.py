@@ -84,7 +84,7 @@ def test_a_raising_worker_fails_the_run_with_its_traceback(mprl_pm, mprl_serial)
 @attrs.frozen
 class RoundsConfig:
     rounds: int = 20
-    hidden: tuple[int, ...] = (8,)  # for mprl.nets.make_model and make_optimizer
+    hidden: tuple[int, ...] = (8,)  # for mprl.lib.nets.make_model and make_optimizer
     lr: float = 1e-3
 
 
