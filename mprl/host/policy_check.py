@@ -28,8 +28,9 @@ CHECK_EPISODES = 10  # episodes the main process plays to confirm a run is solve
 @contextmanager
 def _one_torch_thread() -> Iterator[None]:
     """Torch ops on one thread in this process meanwhile. The main process plays the policy
-    check while the children keep every core busy; with a second intra-op thread that gets no
-    core, a 10-row forward took 0.7 ms instead of 0.02 and the check 1.4-2 s instead of 0.2."""
+    check while the children keep every core busy, and a second intra-op thread that gets no
+    core slows every forward down (why: see benchmarks/README.md, "The solved check on one
+    torch thread")."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

@@ -96,7 +96,9 @@ class EnvBatch:
             self.dtype = obs_dtype(pool.observation_space)
             self.obs = self._tensor(pool.reset()[0].copy())
         self.n = n
-        self.ep_return = [0.0] * n  # Python numbers: a numpy item update costs 4x as much
+        # Python numbers, not a numpy array
+        # why: see benchmarks/README.md, "EnvBatch bookkeeping in Python numbers"
+        self.ep_return = [0.0] * n
         self.ep_start = [0] * n  # the value of self.t when each env's episode began
         self.t = 0  # steps of this batch so far
         self.rewards = np.zeros(n, dtype=np.float32)

@@ -339,7 +339,8 @@ def field_help(text: str) -> dict[str, str]:
     return {"help": text}
 
 
-#: where ``anneal_steps`` leaves the learning rate, as a fraction of ``lr``: a long run learns on
+#: where ``anneal_steps`` leaves the learning rate, as a fraction of ``lr``: a run longer than
+#: ``anneal_steps`` learns on at this rate
 MIN_LR_FRACTION = 0.05
 
 
@@ -486,8 +487,8 @@ class Adam(torch.optim.Adam):
 def make_optimizer(
     params: Iterable[nn.Parameter], config: ActorCriticConfig
 ) -> torch.optim.Optimizer:
-    """:class:`Adam` with ``config.lr`` (an ``Algorithm.make_optimizer``); the fused kernel, a
-    third faster per step than the default on CPU, where this torch has it."""
+    """:class:`Adam` with ``config.lr`` (an ``Algorithm.make_optimizer``); the fused kernel where
+    this torch has it on the CPU (why: see benchmarks/README.md, "Fused Adam")."""
     params = list(params)
     try:
         return Adam(params, lr=config.lr, eps=1e-5, fused=True)

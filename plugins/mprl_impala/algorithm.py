@@ -27,10 +27,9 @@ COUNT_EVERY_S = 1.0  # how often a worker publishes its rollout count to the Man
 #: config by workload (``Algorithm.presets``), under the user's own values
 PRESETS = {
     # IMPALA's Atari settings (Espeholt et al. 2018, table G.1: unroll 20, entropy 0.01, clip
-    # 40), with Adam in place of RMSProp at the lr of the "deep" network's runs. One rollout
-    # (160 samples) an update, not the paper's 640: on a small machine the learner makes 4x
-    # the updates. Breakout, 2 workers, 10 minutes: raw score 9.66 against 2.0 with 4 rollouts
-    # (one run each, benchmarks/README.md)
+    # 40), with Adam in place of RMSProp at the lr of the "deep" network's runs, and one
+    # rollout (160 samples) an update, not the paper's 640.
+    # why: see benchmarks/README.md, "impala's Atari preset: one rollout an update"
     "atari": {
         "lr": 6e-4, "envs_per_worker": 8, "unroll": 20, "batch_rollouts": 1, "gamma": 0.99,
         "entropy_coef": 0.01, "value_coef": 0.5, "max_grad_norm": 40.0,
@@ -56,11 +55,9 @@ class ImpalaConfig(ActorCriticConfig):
     lr: float = attrs.field(
         default=1.5e-3, validator=v.gt(0.0), metadata=field_help("Adam learning rate")
     )
-    # Normalised advantages blow the noise of a solved policy (every return 500, every
-    # advantage near 0) up to unit size, and the policy drifts off: with them (lr 1e-3, one
-    # or two slots), 10 of 16 CartPole runs ended with a last policy under 475 in `mprl eval`;
-    # without them (lr 1.5e-3, two slots), 0 of 16, and the median time to solve went from
-    # 7-9 s to 6.2 s.
+    # Off: normalised advantages blow the noise of a solved policy (every return 500, every
+    # advantage near 0) up to unit size, and the policy drifts off.
+    # why: see benchmarks/README.md, "Advantage normalisation"
     normalize_advantages: bool = attrs.field(
         default=False, metadata=field_help("normalise advantages within each update")
     )
@@ -118,8 +115,8 @@ def worker(ctx: mprl.Context) -> None:
         rollouts.commit(index)
         collected += 1
         if time.monotonic() - published >= COUNT_EVERY_S:
-            # control state, one Manager round trip a second: the server answers only when
-            # the OS runs it, and waiting on it every rollout cost this loop 5% of its time
+            # control state, one Manager round trip a second, not one per rollout
+            # why: see benchmarks/README.md, "impala: the Manager counter once a second"
             ctx.state.collected[ctx.rank] = collected
             published = time.monotonic()
     ctx.state.collected[ctx.rank] = collected

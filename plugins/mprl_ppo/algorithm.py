@@ -77,8 +77,8 @@ PRESETS = {
         "anneal_steps": 10_000_000,
     },
     # cleanrl's ppo_continuous_action (2 workers: its 2048-step batch; observations and rewards
-    # normalised), starting from rl-zoo's log std of -2: 1158 against -54 on HalfCheetah at 60k
-    # steps (benchmarks/README.md)
+    # normalised), starting from rl-zoo's log std of -2
+    # why: see benchmarks/README.md, "ppo's MuJoCo preset: log std from -2"
     "mujoco": {
         "lr": 3e-4, "envs_per_worker": 1, "n_steps": 1024, "gamma": 0.99, "gae_lambda": 0.95,
         "epochs": 10, "minibatch_size": 64, "clip": 0.2, "entropy_coef": 0.0,
@@ -149,9 +149,8 @@ def train(ctx: mprl.Context) -> None:
     cnn = getattr(model, "torso", None) is not None
     if not ctx.run.torch_threads and ctx.device.type == "cpu" and cnn:
         # synchronous: the workers wait while the learner updates (and it waits while they
-        # collect), so a CNN's update may use every core: on Atari 1.75x the samples/s. An
-        # MLP's minibatches are too small to gain (CartPole: 20.5 s to solve on every core,
-        # 18.2 s on one; medians of 5 seeds)
+        # collect), so a CNN's update may use every core; an MLP's minibatches are too small
+        # to gain. why: see benchmarks/README.md, "PPO learner threads"
         torch.set_num_threads(os.cpu_count() or 1)
     last_log, updates_at_log = time.monotonic(), weights.version
     report: dict[str, float] = {}
