@@ -30,7 +30,7 @@ from mprl.host.plugins import NO_AUTOLOAD_ENV, PluginManager, get_plugin_manager
 from mprl.run_types import RunInfo, Summary
 from mprl.testing import build_state
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 EXAMPLE_PLUGIN = "docs-example"
 
 

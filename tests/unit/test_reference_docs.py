@@ -12,7 +12,7 @@ import pytest
 import mprl
 from mprl import testing
 from tests.conftest import REPO
-from tests.test_first_plugin_guide import code_blocks, contains_lines
+from tests.unit.test_first_plugin_guide import code_blocks, contains_lines
 
 REFERENCE = (REPO / "docs" / "reference.md").read_text()
 SEED = (REPO / "docs" / "from-the-seed.md").read_text()
