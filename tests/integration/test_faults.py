@@ -1,4 +1,4 @@
-"""The fault matrix of FAULTS.md, driven through the real CLI in a subprocess.
+"""The fault table of docs/faults.md, driven through the real CLI in a subprocess.
 
 Faults come from the test plugin's ``probe`` algorithm (``--set fault=...``). Each test asserts
 the exit code, the message, a time bound and, through the autouse ``no_leftovers`` fixture, that

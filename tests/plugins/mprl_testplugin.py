@@ -1,8 +1,8 @@
 """A plugin used by the test suite, installed as its own distribution (see conftest.py).
 
-Its algorithm ``probe`` uses every part of the Context and injects the faults of FAULTS.md on
-request (``--set fault=...``: raise, exit with a code, SIGKILL itself, hang, ignore the stop flag
-and SIGTERM), in every incarnation of a rank or only the first ones. Its env ``Corridor-v0`` only exists through this plugin's ``mprl_make_env`` hook, so a
+Its algorithm ``probe`` uses every part of the Context and injects the faults of docs/faults.md
+on request (``--set fault=...``: raise, exit with a code, SIGKILL itself, hang, ignore the stop
+flag and SIGTERM), in every incarnation of a rank or only the first ones. Its env ``Corridor-v0`` only exists through this plugin's ``mprl_make_env`` hook, so a
 worker that creates it proves entry-point plugins load inside spawned children.
 """
 
