@@ -1,0 +1,87 @@
+"""The README and the topic pages of docs/ stay usable: the README stays a short guide that links
+every page, their links resolve, and the commands they show name subcommands and run flags that
+exist."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from mprl.tools.cli import main
+from tests.conftest import REPO
+
+README = REPO / "README.md"
+DOCS = REPO / "docs"
+#: the pages the README's long explanations moved to (issue 26)
+TOPIC_PAGES = [
+    "running.md",
+    "faults.md",
+    "backends.md",
+    "algorithms.md",
+    "atari-mujoco.md",
+    "architecture.md",
+    "plugins.md",
+]
+PAGES = [README, *(DOCS / name for name in TOPIC_PAGES)]
+
+
+def links(text: str) -> list[str]:
+    """The local targets of the markdown links in ``text``, without anchors."""
+    targets = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text)
+    return [t for t in targets if "://" not in t]
+
+
+def test_the_readme_is_a_guide_that_links_every_docs_page() -> None:
+    text = README.read_text()
+    assert len(text.splitlines()) <= 300, "README.md grows past a guide: move the detail to docs/"
+    linked = {Path(t).name for t in links(text) if t.startswith("docs/")}
+    pages = {p.name for p in DOCS.glob("*.md")}
+    assert pages <= linked, f"README.md does not link {sorted(pages - linked)}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
+def test_links_resolve(page: Path) -> None:
+    broken = [t for t in links(page.read_text()) if not (page.parent / t).exists()]
+    assert not broken, f"{page.relative_to(REPO)} links to missing files: {broken}"
+
+
+def commands(text: str) -> list[tuple[str, str]]:
+    """``(subcommand, its arguments)`` of every ``python -m mprl SUBCOMMAND ...`` in ``text``,
+    a command continued with ``\\`` included, shell comments left out."""
+    text = re.sub(r"\\\n\s*", " ", text)
+    found = re.findall(r"python -m mprl ([a-z]+)\b([^`\n]*)", text)
+    return [(sub, args.split(" #")[0]) for sub, args in found]
+
+
+def help_text(subcommand: str, capsys: pytest.CaptureFixture[str]) -> str:
+    """What ``python -m mprl SUBCOMMAND --help`` prints."""
+    try:
+        code = main([subcommand, "--help"])
+    except SystemExit as exc:  # argparse's own --help
+        code = exc.code
+    assert code == 0
+    return capsys.readouterr().out
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
+def test_subcommands_and_their_flags_exist(page: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    used = commands(page.read_text())
+    subcommands = {sub for sub, _ in used}
+    assert subcommands <= {"run", "plugins", "eval", "plot", "runs"}, subcommands
+    unknown = []
+    for sub in sorted(subcommands):
+        usage = help_text(sub, capsys)
+        flags = {
+            f for s, args in used if s == sub for f in re.findall(r"(?<!\S)--?[a-z][\w-]*", args)
+        }
+        unknown += [f"{sub} {f}" for f in sorted(flags)
+                    if not re.search(rf"(?<![\w-]){f}(?![\w-])", usage)]  # fmt: skip
+    assert not unknown, f"{page.relative_to(REPO)} uses flags the CLI does not know: {unknown}"
+
+
+def test_no_page_names_a_module_that_moved() -> None:
+    stale = r"mprl_make_backend|FAULTS\.md|\bmprl\.(serial|nets|plugins)\b"
+    found = [p.name for p in PAGES if re.search(stale, p.read_text())]
+    assert not found, f"stale names in {found}"
