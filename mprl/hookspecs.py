@@ -140,7 +140,8 @@ def mprl_register_backends(register: Callable[..., None]) -> None:
     """Register the backends this plugin provides: where a run's processes live (``--backend``).
 
     Built in: ``local`` spawns processes on this machine; ``serial`` (``run --serial``) runs them
-    as turn-taking threads of the main process, for debugging and tests. Algorithms never see the
+    as turn-taking threads of the main process, for debugging and tests; ``ray`` runs them as Ray
+    actors on this machine or a cluster (``pip install "mprl[ray]"``). Algorithms never see the
     backend: their worker and train functions only use the :class:`mprl.Context` they are given,
     so the same algorithm plugin runs unchanged on any backend. ``python -m mprl plugins`` lists
     the backends and who provides them.
