@@ -85,3 +85,12 @@ def test_no_page_names_a_module_that_moved() -> None:
     stale = r"mprl_make_backend|FAULTS\.md|\bmprl\.(serial|nets|plugins)\b"
     found = [p.name for p in PAGES if re.search(stale, p.read_text())]
     assert not found, f"stale names in {found}"
+
+
+def test_the_fault_table_names_tests_that_exist() -> None:
+    named = set(re.findall(r"`(test_\w+?)(?:\.py)?`", (DOCS / "faults.md").read_text()))
+    assert len(named) > 20
+    sources = "\n".join(p.read_text() for p in (REPO / "tests").rglob("test_*.py"))
+    files = {p.stem for p in (REPO / "tests").rglob("test_*.py")}
+    missing = [n for n in sorted(named) if n not in files and f"def {n}(" not in sources]
+    assert not missing, f"docs/faults.md names tests that do not exist: {missing}"
