@@ -9,9 +9,10 @@ process loads only this author's API.
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
-from mprl import schema
+from mprl import deprecated, schema
 from mprl.algorithm import Algorithm
 from mprl.context import Context
 from mprl.errors import ConfigError, MprlError, PluginError, RunFailed
@@ -21,6 +22,8 @@ from mprl.version import __version__
 
 if TYPE_CHECKING:
     from mprl.host.runner import run
+
+deprecated.install()  # the 0.1.0 modules that moved (mprl.plugins ...) import, with a warning
 
 __all__ = [
     "NAME",
@@ -45,4 +48,6 @@ def __getattr__(name: str) -> Any:
         from mprl.host.runner import run
 
         return run
+    if f"mprl.{name}" in deprecated.OLD_MODULES:  # 0.1.0's `import mprl` loaded them all
+        return importlib.import_module(f"mprl.{name}")
     raise AttributeError(f"module 'mprl' has no attribute {name!r}")

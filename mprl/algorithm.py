@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import gymnasium as gym
 
+from mprl import deprecated
 from mprl.errors import PluginError, UsageError
 from mprl.schema import Schema
 
@@ -22,6 +23,8 @@ ModelFactory = Callable[[gym.Space, gym.Space, Any], "torch.nn.Module"]
 OptimizerFactory = Callable[[Iterable["torch.nn.Parameter"], Any], "torch.optim.Optimizer"]
 NamedOptimizerFactory = Callable[["torch.nn.Module", Any], "torch.optim.Optimizer"]
 ProcessFunction = Callable[["Context"], None]
+
+__getattr__ = deprecated.forward(__name__)  # 0.1.0's SharedFactory: what replaced it
 
 
 def check_importable(fn: Callable[..., Any], what: str) -> None:

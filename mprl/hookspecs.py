@@ -24,6 +24,14 @@ hookspec = pluggy.HookspecMarker(NAME)
 #: mark a plugin's function as the implementation of the hook of the same name
 hookimpl = pluggy.HookimplMarker(NAME)
 
+
+def __getattr__(name: str) -> Any:
+    """0.1.0's ``mprl_make_backend`` spec, with a warning (see :mod:`mprl.deprecated`)."""
+    from mprl import deprecated  # not at the top: this module imports nothing of mprl
+
+    return deprecated.forward(__name__, stacklevel=3)(name)
+
+
 # --------------------------------------------------------------------------------------------
 # Registration: what a plugin contributes
 # --------------------------------------------------------------------------------------------

@@ -15,8 +15,12 @@ from __future__ import annotations
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Protocol
 
+from mprl import deprecated
+
 if TYPE_CHECKING:
     import torch
+
+__getattr__ = deprecated.forward(__name__)  # 0.1.0's Rollouts, Weights ...: what replaced them
 
 
 class RolloutSlots(Protocol):

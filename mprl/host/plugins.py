@@ -11,13 +11,14 @@ import importlib
 import importlib.metadata as md
 import os
 import sys
+import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import attrs
 import pluggy
 
-from mprl import hookspecs
+from mprl import deprecated, hookspecs
 from mprl.algorithm import Algorithm
 from mprl.backends.base import Backend
 from mprl.errors import PluginError, UsageError
@@ -94,6 +95,7 @@ class PluginManager(pluggy.PluginManager):
     def __init__(self) -> None:
         super().__init__(NAME)
         self.add_hookspecs(hookspecs)
+        self.add_hookspecs(deprecated)  # mprl_make_backend: warns when a plugin implements it
         self.failed: list[FailedPlugin] = []
         self.distributions: dict[str, tuple[str, str]] = {}
         self.entry_points: dict[str, str] = {}  # plugin name -> the entry point's value
@@ -135,6 +137,12 @@ class PluginManager(pluggy.PluginManager):
         self.failed.append(FailedPlugin(name, value, dist, version, error, stage))
 
     def set_blocked(self, name: str) -> None:
+        if name in deprecated.RENAMED_PLUGINS:  # a 0.1.0 plugin name: block what it became
+            message = deprecated.renamed_plugin_message(name)
+            warnings.warn(message, deprecated.MprlDeprecationWarning, stacklevel=2)
+            for renamed in deprecated.RENAMED_PLUGINS[name]:
+                self.set_blocked(renamed)
+            return
         super().set_blocked(name)
         self._blocked.append(name)
 
@@ -286,15 +294,24 @@ class PluginManager(pluggy.PluginManager):
         return found
 
     def backend(self, name: str) -> Backend:
-        """A new backend ``name`` for one run; unknown names list the available ones."""
+        """A new backend ``name`` for one run; unknown names list the available ones. A name
+        no plugin registered is asked of the deprecated ``mprl_make_backend`` hook."""
         info = self.backends().get(name)
-        if info is None:
-            known = ", ".join(sorted(self.backends())) or "none"
-            raise UsageError(f"no plugin provides backend {name!r}; available: {known}")
-        backend = info.factory()
+        if info is not None:
+            plugin, backend = info.plugin, info.factory()
+        else:  # firstresult, in pluggy's order, knowing who answered
+            plugin, backend = "", None
+            for impl in reversed(self.hook.mprl_make_backend.get_hookimpls()):
+                backend = self.call_one("mprl_make_backend", impl.plugin, name=name)
+                if backend is not None:
+                    plugin = impl.plugin_name
+                    break
+            else:
+                known = ", ".join(sorted(self.backends())) or "none"
+                raise UsageError(f"no plugin provides backend {name!r}; available: {known}")
         if not isinstance(backend, Backend):
             raise PluginError(
-                f"plugin {info.plugin!r}: backend {name!r} is a {type(backend).__name__}, not "
+                f"plugin {plugin!r}: backend {name!r} is a {type(backend).__name__}, not "
                 "an mprl.backends.base.Backend"
             )
         return backend

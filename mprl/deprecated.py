@@ -1,0 +1,304 @@
+"""Everything deprecated, in one place (the shape of pytest's ``_pytest/deprecated.py``): what
+moved or went away since mprl 0.1.0, what replaces it, and the release that drops it.
+
+- A name in :data:`MOVED` keeps working until :data:`REMOVED_IN`, with a
+  :class:`MprlDeprecationWarning` that names its new place: ``from mprl.plugins import
+  PluginManager`` gets ``mprl.host.plugins.PluginManager``. The 0.1.0 modules that are gone
+  (:data:`OLD_MODULES`) are made on import by the finder :func:`install` puts last on
+  ``sys.meta_path``; a module that still exists forwards its moved names with
+  ``__getattr__ = deprecated.forward(__name__)``.
+- A name in :data:`REMOVED` raises an ``AttributeError`` (an ``ImportError`` for ``from ...
+  import``) that says what to do instead.
+- The ``mprl_make_backend`` hook (:func:`mprl_make_backend`, here and not in
+  :mod:`mprl.hookspecs`) warns when a plugin implements it, and is asked only for a backend
+  name no plugin registered through ``mprl_register_backends``.
+- ``MPRL_BLOCK_PLUGINS=mprl.builtin`` (:data:`RENAMED_PLUGINS`) blocks what that plugin became.
+
+Removing all of it in 0.3.0: delete this module, the ``install()`` call and ``OLD_MODULES`` look-up
+in ``mprl/__init__.py``, the ``forward`` lines, and the ``deprecated`` uses in
+``mprl/host/plugins.py``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.machinery
+import sys
+import warnings
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+import pluggy
+
+#: the release that removes everything deprecated here
+REMOVED_IN = "0.3.0"
+
+
+class MprlDeprecationWarning(DeprecationWarning):
+    """mprl API that still works but goes away in :data:`REMOVED_IN`; the message names what
+    replaces it. pytest shows these; ``-W error::DeprecationWarning`` makes them errors."""
+
+
+def _same(new_module: str, names: str) -> dict[str, str]:
+    return {name: f"{new_module}:{name}" for name in names.split()}
+
+
+#: ``{old module: {name: "new.module:attribute"}}``: every 0.1.0 name that moved, where it is
+#: now (a different attribute where it was renamed, ``Class.attribute`` where it became one)
+MOVED: dict[str, dict[str, str]] = {
+    "mprl.backend": {
+        **_same("mprl.backends.base", "Backend Job Monitor Outcome"),
+        **_same("mprl.run_types", "ChildFailure"),
+    },
+    "mprl.builtin": _same("mprl.host.envs", "mprl_make_env"),
+    "mprl.checkpoint": {
+        **_same(
+            "mprl.host.checkpoint", "FORMAT VERSION checkpoint_path load rng_states set_rng_states"
+        ),
+        "REQUIRED": "mprl.host.checkpoint:FIELDS",
+    },
+    "mprl.cli": _same("mprl.tools.cli", "EXIT_FAILED EXIT_USAGE main"),
+    "mprl.config": _same(
+        "mprl.host.config",
+        "as_dict build coerce describe_fields fields_of load_toml parse_assignments parse_value "
+        "type_name",
+    ),
+    "mprl.envs": _same("mprl.host.envs", "make_env play_episodes"),
+    "mprl.evaluate": _same("mprl.tools.evaluate", "evaluate"),
+    "mprl.hookspecs": _same("mprl.deprecated", "mprl_make_backend"),
+    "mprl.local": {
+        **_same("mprl.backends.local", "LocalBackend"),
+        **_same("mprl.backends.local.backend", "KILL_GRACE_S STOP_GRACE_S threads_per_child"),
+        **_same("mprl.backends.local.channel", "LocalChannel"),
+        **_same("mprl.backends.base", "TICK_S"),
+        **_same("mprl.backends.processes", "PARENT_DIED_EXIT"),
+        "MAX_RESTART_DELAY_S": "mprl.backends.restart:MAX_DELAY_S",
+        "STARTUP_TIMEOUT_S": "mprl.backends.supervisor:Supervisor.startup_timeout_s",
+    },
+    "mprl.nets": {
+        **_same(
+            "mprl.lib.nets",
+            "ActorCritic ActorCriticConfig Adam field_help make_model make_optimizer mlp",
+        ),
+        **_same("mprl.lib.envbatch", "EnvBatch rollout_spec"),
+    },
+    "mprl.plugins": {
+        **_same(
+            "mprl.host.plugins",
+            "BLOCK_ENV NO_AUTOLOAD_ENV TRACE_ENV FailedPlugin PluginInfo PluginManager "
+            "blocked_from_env get_plugin_manager",
+        ),
+        "BUILTIN_PLUGINS": "mprl.host.plugins:DEFAULT_PLUGINS",
+    },
+    "mprl.preflight": _same(
+        "mprl.backends.local.preflight",
+        "FDS_PER_CHILD FDS_SPARE MIB SHM check check_shm shared_bytes",
+    ),
+    "mprl.progress": _same(
+        "mprl.host.progress", "IDLE_S PLAIN_EVERY_S Progress summary_line worker_rows"
+    ),
+    "mprl.report": _same(
+        "mprl.tools.report",
+        "MAX_DEPTH MISSING RUNNING_WITHIN_S Run build_figure format_runs format_wall is_run_dir "
+        "list_runs plot_runs read_run rolling_mean",
+    ),
+    "mprl.rundir": _same("mprl.host.rundir", "CSV_COLUMNS RunDir atomic_write"),
+    "mprl.runner": {
+        **_same("mprl", "RunConfig Summary run"),
+        **_same("mprl.run_types", "RunInfo"),
+        **_same("mprl.host.policy_check", "CHECK_EPISODES"),
+        **_same("mprl.host.monitor", "METRICS_EVERY_S"),
+        **_same("mprl.host.job", "materialize_optimizer_state"),
+    },
+    "mprl.serial": {
+        **_same("mprl.backends.serial", "InProcessManager SerialBackend"),
+        **_same("mprl.backends.serial.backend", "DEADLOCK_S"),
+        **_same("mprl.backends.serial.manager", "Pause"),
+        **_same("mprl.backends.base", "TICK_S"),
+    },
+    "mprl.stats": _same("mprl.host.stats", "WINDOW RunStats Snapshot"),
+    "mprl.transport": _same("mprl.backends.tensors", "FREE FULL MAX_PAUSE_S TAKEN"),
+}
+
+#: a word after the warning, where the new place alone does not say enough
+NOTES: dict[str, str] = {
+    "mprl.hookspecs.mprl_make_backend": "the hook itself is deprecated: implement "
+    "mprl_register_backends(register) instead",
+    "mprl.checkpoint.REQUIRED": "its keys are the required fields, its values their types",
+    "mprl.local.STARTUP_TIMEOUT_S": "a class attribute of the supervisor every backend shares",
+}
+
+_SCHEMA_KINDS = "mprl.schema.Rollouts, Weights, ReplayBuffer, Counter or Module"
+
+#: ``{old name: what to do instead}``: 0.1.0 names with no counterpart
+REMOVED: dict[str, str] = {
+    "mprl.algorithm.SharedFactory": "Algorithm(make_shared=...) is gone: declare the shared "
+    f"objects as fields of the algorithm's schema ({_SCHEMA_KINDS}); the backend builds them",
+    "mprl.builtin.mprl_make_backend": "the built-in backends register themselves (modules "
+    "mprl.backends.local and mprl.backends.serial, hook mprl_register_backends)",
+    "mprl.runner.prepare": "it was the first half of mprl.run; call mprl.run (or "
+    "mprl.testing.run_serial), which checks everything before anything starts",
+    "mprl.runner.share_optimizer_state": "the optimizers an algorithm declares (make_optimizer, "
+    "optimizers) are shared, checkpointed and restored by the backend",
+    "mprl.transport.FieldSpec": "a rollout spec is {name: (shape, dtype)} "
+    "(mprl.schema.RowSpec), given to mprl.schema.Rollouts",
+    "mprl.transport.Rollouts": "declare mprl.schema.Rollouts(spec, slots_per_worker) in the "
+    "schema; ctx.state.NAME is then a mprl.transport.RolloutSlots",
+    "mprl.transport.Weights": "declare mprl.schema.Weights() in the schema; ctx.state.NAME is "
+    "then a mprl.transport.WeightBroadcast",
+}
+
+#: the 0.1.0 modules that are gone (no file of that name), and what took their place
+OLD_MODULES: dict[str, str] = {
+    "mprl.backend": "mprl.backends.base",
+    "mprl.builtin": "mprl.host.envs, mprl.backends.local, mprl.backends.serial",
+    "mprl.checkpoint": "mprl.host.checkpoint",
+    "mprl.cli": "mprl.tools.cli",
+    "mprl.config": "mprl.host.config",
+    "mprl.envs": "mprl.host.envs",
+    "mprl.evaluate": "mprl.tools.evaluate",
+    "mprl.local": "mprl.backends.local",
+    "mprl.nets": "mprl.lib.nets, mprl.lib.envbatch",
+    "mprl.plugins": "mprl.host.plugins",
+    "mprl.preflight": "mprl.backends.local.preflight",
+    "mprl.progress": "mprl.host.progress",
+    "mprl.report": "mprl.tools.report",
+    "mprl.rundir": "mprl.host.rundir",
+    "mprl.runner": "mprl.run, mprl.run_types, mprl.host",
+    "mprl.serial": "mprl.backends.serial",
+    "mprl.stats": "mprl.host.stats",
+}
+
+#: ``{0.1.0 plugin name: what it became}``, for ``-p no:NAME`` and ``MPRL_BLOCK_PLUGINS``
+RENAMED_PLUGINS: dict[str, tuple[str, ...]] = {
+    "mprl.builtin": ("mprl.host.envs", "mprl.backends.local", "mprl.backends.serial"),
+}
+
+
+def display(place: str) -> str:
+    """A place as a user writes it: ``mprl.host.plugins.PluginManager``."""
+    return place.replace(":", ".")
+
+
+def resolve(place: str) -> Any:
+    """The object at ``"module:attribute.path"``."""
+    module, _, path = place.partition(":")
+    obj: Any = importlib.import_module(module)
+    for part in path.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def moved_message(old: str) -> str:
+    """The warning for the moved name ``old`` (``"mprl.plugins.PluginManager"``)."""
+    module, _, name = old.rpartition(".")
+    new = display(MOVED[module][name])
+    note = f" ({NOTES[old]})" if old in NOTES else ""
+    return f"{old} is deprecated: use {new} instead{note}; {old} goes away in mprl {REMOVED_IN}"
+
+
+def removed_message(old: str) -> str:
+    return f"{old} was removed in mprl 0.2.0: {REMOVED[old]}"
+
+
+def renamed_plugin_message(name: str) -> str:
+    new = ", ".join(RENAMED_PLUGINS[name])
+    return (
+        f"plugin name {name!r} is deprecated: that plugin is now {new}; blocking those (block "
+        f"them by these names: {name!r} stops working in mprl {REMOVED_IN})"
+    )
+
+
+def forward(module: str, stacklevel: int = 2) -> Callable[[str], Any]:
+    """A module ``__getattr__`` for ``module``: its moved names with a warning, its removed
+    names with an error that says what instead. ``stacklevel``: as for ``warnings.warn``, seen
+    from the returned function (2: the line that imported or used the old name; one more for
+    each function between it and that line)."""
+    moved = MOVED.get(module, {})
+
+    def __getattr__(name: str) -> Any:
+        old = f"{module}.{name}"
+        if name in moved:
+            warnings.warn(moved_message(old), MprlDeprecationWarning, stacklevel=stacklevel)
+            return resolve(moved[name])
+        if old in REMOVED:
+            raise AttributeError(removed_message(old))
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+
+    return __getattr__
+
+
+class _OldModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Makes each module of :data:`OLD_MODULES` on import: a module whose names forward to their
+    new places. Last on ``sys.meta_path``, so a real module of that name always wins."""
+
+    def find_spec(
+        self, fullname: str, path: Any = None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname not in OLD_MODULES:
+            return None
+        return importlib.machinery.ModuleSpec(fullname, self)
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        return None  # the default module object
+
+    def exec_module(self, module: ModuleType) -> None:
+        name = module.__name__
+        names = sorted(MOVED.get(name, {}))
+        module.__doc__ = (
+            f"Deprecated: {name} is now {OLD_MODULES[name]}; importing from {name} warns and "
+            f"stops working in mprl {REMOVED_IN}."
+        )
+        module.__all__ = names  # type: ignore[attr-defined]
+        module.__getattr__ = forward(name)  # type: ignore[method-assign]
+        module.__dir__ = lambda: names  # type: ignore[method-assign]
+
+
+def install() -> None:
+    """Make the gone 0.1.0 modules importable (once per process; ``import mprl`` calls it)."""
+    if not any(getattr(f, "mprl_old_modules", False) for f in sys.meta_path):
+        finder = _OldModules()
+        finder.mprl_old_modules = True  # type: ignore[attr-defined]
+        sys.meta_path.append(finder)
+
+
+# --------------------------------------------------------------------------------------------
+# The mprl_make_backend hook
+# --------------------------------------------------------------------------------------------
+
+MAKE_BACKEND_HOOK = MprlDeprecationWarning(
+    "the mprl_make_backend hook is deprecated: implement mprl_register_backends(register) "
+    "instead and call register(name, factory, description) for each backend (see "
+    f"docs/hooks.md); mprl_make_backend is asked only for a backend name no plugin registered, "
+    f"and goes away in mprl {REMOVED_IN}"
+)
+
+# the project's marker, made here so that this module imports nothing of mprl
+_hookspec = pluggy.HookspecMarker("mprl")
+
+
+@_hookspec(firstresult=True, warn_on_impl=MAKE_BACKEND_HOOK)
+def mprl_make_backend(name: str) -> Any:
+    """Deprecated since 0.2.0, removed in 0.3.0: implement ``mprl_register_backends``.
+
+    Provide the backend that runs a job's processes, selected with ``--backend NAME``. mprl
+    asks this hook only for a name that no plugin registered through ``mprl_register_backends``.
+
+    :param name: the backend name asked for.
+    :returns: an :class:`mprl.backends.base.Backend`, or ``None`` if this plugin does not
+        provide ``name``. firstresult.
+
+    Example::
+
+        import mprl
+        from mprl.backends.local import LocalBackend
+
+
+        @mprl.hookimpl
+        def mprl_make_backend(name):
+            if name == "local-debug":  # the local backend under another name
+                return LocalBackend()
+            return None
+    """

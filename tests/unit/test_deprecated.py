@@ -1,0 +1,260 @@
+"""The promise to 0.1.0's users (mprl/deprecated.py): every name a plugin, a test or a user could
+import from mprl 0.1.0 still imports from where it was, with a warning naming its new place, or
+says what replaced it; an ``mprl_make_backend`` hookimpl is still asked for a backend."""
+
+from __future__ import annotations
+
+import importlib
+import re
+import sys
+import textwrap
+import warnings
+from pathlib import Path
+
+import pytest
+
+import mprl
+from mprl import deprecated
+from mprl.backends.base import Backend
+from mprl.backends.local import LocalBackend
+from mprl.backends.serial import SerialBackend
+from mprl.deprecated import MprlDeprecationWarning
+from mprl.errors import PluginError, UsageError
+from mprl.host.plugins import BLOCK_ENV, get_plugin_manager
+from mprl.testing import plugin_manager
+from tests.conftest import REPO
+
+API_0_1_0 = [
+    tuple(line.split())
+    for line in (REPO / "tests" / "compat" / "api-0.1.0.txt").read_text().splitlines()
+    if line.strip() and not line.startswith("#")
+]
+
+
+def test_the_list_of_0_1_0_names_is_the_release() -> None:
+    modules = {m for m, _ in API_0_1_0}
+    assert len(API_0_1_0) > 150 and len(modules) == 25  # mprl/*.py of 0.1.0
+    assert ("mprl.plugins", "PluginManager") in API_0_1_0
+    assert ("mprl.transport", "Rollouts") in API_0_1_0 and ("mprl", "run") in API_0_1_0
+
+
+@pytest.mark.parametrize(("module", "name"), API_0_1_0, ids=".".join)
+def test_every_0_1_0_name_still_imports_from_where_it_was_or_says_what_replaced_it(
+    module: str, name: str
+) -> None:
+    old = f"{module}.{name}"
+    imported = importlib.import_module(module)  # importing an old module warns of nothing
+    if old in deprecated.REMOVED:
+        with pytest.raises(AttributeError) as error:
+            getattr(imported, name)
+        assert str(error.value) == f"{old} was removed in mprl 0.2.0: {deprecated.REMOVED[old]}"
+        return
+    if name not in deprecated.MOVED.get(module, {}):  # where it was: no warning
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            getattr(imported, name)
+        return
+    new = deprecated.MOVED[module][name]
+    with pytest.warns(MprlDeprecationWarning) as caught:
+        found = getattr(imported, name)
+    (warning,) = caught
+    message = str(warning.message)
+    assert message.startswith(f"{old} is deprecated: use {new.replace(':', '.')} instead")
+    assert message.endswith(f"{old} goes away in mprl 0.3.0")
+    assert warning.filename == __file__  # it points at the line that used the old name
+    assert found is deprecated.resolve(new)
+    assert isinstance(warning.message, DeprecationWarning)
+
+
+def test_the_tables_hold_only_0_1_0_names_and_every_gone_module() -> None:
+    released = {f"{m}.{n}" for m, n in API_0_1_0}
+    moved = {f"{m}.{n}" for m, names in deprecated.MOVED.items() for n in names}
+    assert moved <= released and set(deprecated.REMOVED) <= released
+    assert not moved & set(deprecated.REMOVED)
+    assert set(deprecated.NOTES) <= moved
+    # a module of 0.1.0 with no file now is made by the finder; the others are real
+    gone = {
+        m for m, _ in API_0_1_0
+        if not (REPO / f"{m.replace('.', '/')}.py").exists()
+        and not (REPO / m.replace(".", "/") / "__init__.py").exists()
+    }  # fmt: skip
+    assert gone == set(deprecated.OLD_MODULES)
+    for module in gone:
+        assert deprecated.MOVED[module], module
+
+
+def test_an_old_import_warns_at_the_line_that_wrote_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "old_style_plugin.py").write_text(
+        textwrap.dedent("""\
+            import mprl.nets
+            from mprl.plugins import PluginManager, get_plugin_manager
+
+            BATCH = mprl.nets.EnvBatch
+        """)
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.warns(MprlDeprecationWarning) as caught:
+        module = importlib.import_module("old_style_plugin")
+    monkeypatch.delitem(sys.modules, "old_style_plugin")
+    where = [(Path(w.filename).name, w.lineno, str(w.message).split(" is ")[0]) for w in caught]
+    assert where == [
+        ("old_style_plugin.py", 2, "mprl.plugins.PluginManager"),
+        ("old_style_plugin.py", 2, "mprl.plugins.get_plugin_manager"),
+        ("old_style_plugin.py", 4, "mprl.nets.EnvBatch"),
+    ]
+    from mprl.host.plugins import PluginManager
+    from mprl.lib.envbatch import EnvBatch
+
+    assert module.PluginManager is PluginManager and module.BATCH is EnvBatch
+
+
+def test_a_gone_module_lists_its_names_and_says_where_they_went() -> None:
+    nets = importlib.import_module("mprl.nets")
+    assert dir(nets) == sorted(deprecated.MOVED["mprl.nets"]) == nets.__all__
+    assert "mprl.lib.nets, mprl.lib.envbatch" in (nets.__doc__ or "")
+    assert "0.3.0" in (nets.__doc__ or "")
+    namespace: dict[str, object] = {}
+    with pytest.warns(MprlDeprecationWarning):
+        exec("from mprl.nets import *", namespace)
+    assert {n for n in namespace if not n.startswith("__")} == set(deprecated.MOVED["mprl.nets"])
+    with pytest.raises(AttributeError, match=r"module 'mprl\.nets' has no attribute 'nope'"):
+        nets.nope  # noqa: B018
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module("mprl.no_such_module")
+
+
+def test_the_package_reaches_the_gone_modules_as_0_1_0_did() -> None:
+    # 0.1.0's `import mprl` imported the runner and everything it used
+    assert mprl.__getattr__("runner") is importlib.import_module("mprl.runner")
+    with pytest.warns(MprlDeprecationWarning, match=r"use mprl\.RunConfig instead"):
+        assert mprl.runner.RunConfig is mprl.RunConfig
+    with pytest.raises(AttributeError, match="has no attribute 'nothing'"):
+        mprl.__getattr__("nothing")
+
+
+def test_the_finder_is_installed_once_and_last() -> None:
+    finders = [f for f in sys.meta_path if getattr(f, "mprl_old_modules", False)]
+    deprecated.install()
+    assert [f for f in sys.meta_path if getattr(f, "mprl_old_modules", False)] == finders
+    (finder,) = finders
+    # a real module is found before it: it answers only for the gone ones
+    assert sys.meta_path.index(finder) > 0
+    assert finder.find_spec("mprl.schema") is None and finder.find_spec("mprl.plugins")
+
+
+# -- the mprl_make_backend hook ----------------------------------------------------------------
+
+
+class LegacyBackends:
+    """A 0.1.0 plugin's backend hook: a serial backend under another name, and a wrong type."""
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+        self.made: list[SerialBackend] = []
+
+    @mprl.hookimpl
+    def mprl_make_backend(self, name: str) -> object:
+        self.asked.append(name)
+        if name == "legacy-serial":
+            self.made.append(SerialBackend())
+            return self.made[-1]
+        return "not a backend" if name == "legacy-wrong" else None
+
+
+def test_an_mprl_make_backend_hookimpl_warns_naming_mprl_register_backends() -> None:
+    pm = plugin_manager()
+    with pytest.warns(MprlDeprecationWarning) as caught:
+        pm.register(LegacyBackends(), name="legacy")
+    (warning,) = caught
+    assert str(warning.message).startswith(
+        "the mprl_make_backend hook is deprecated: implement mprl_register_backends(register)"
+    )
+    assert "0.3.0" in str(warning.message)
+    # pluggy points it at the hookimpl, the code to change
+    assert (warning.filename, warning.lineno) == (
+        __file__,
+        LegacyBackends.mprl_make_backend.__code__.co_firstlineno,
+    )
+
+
+def test_an_mprl_make_backend_hookimpl_is_asked_for_names_no_plugin_registered() -> None:
+    pm = plugin_manager()
+    legacy = LegacyBackends()
+    with pytest.warns(MprlDeprecationWarning):
+        pm.register(legacy, name="legacy")
+    assert isinstance(pm.backend("serial"), SerialBackend)  # a registered name: not asked
+    assert isinstance(pm.backend("local"), LocalBackend) and legacy.asked == []
+    backend = pm.backend("legacy-serial")
+    assert legacy.asked == ["legacy-serial"] and backend is legacy.made[-1]
+    with pytest.raises(UsageError, match=r"no plugin provides backend 'nope'; available: .*serial"):
+        pm.backend("nope")
+    assert legacy.asked == ["legacy-serial", "nope"]
+    with pytest.raises(PluginError, match=r"plugin 'legacy': backend 'legacy-wrong' is a str"):
+        pm.backend("legacy-wrong")
+
+
+def test_a_run_goes_to_the_backend_an_mprl_make_backend_hookimpl_makes(tmp_path: Path) -> None:
+    pm = plugin_manager(importlib.import_module("mprl_a3c"))
+    legacy = LegacyBackends()
+    with pytest.warns(MprlDeprecationWarning):
+        pm.register(legacy, name="legacy")
+    summary = mprl.run(
+        "a3c", plugins=pm, backend="legacy-serial", total_steps=300, run_dir=tmp_path / "run",
+        progress="none",
+    )  # fmt: skip
+    assert summary.status == "finished" and summary.env_steps >= 300
+    (backend,) = legacy.made
+    assert backend.job is not None and backend.contexts  # the run's processes ran in it
+
+
+# the hook's example in 0.1.0's docs/hooks.md, as a plugin copied it
+DOCUMENTED_0_1_0 = """\
+import mprl
+from mprl.local import LocalBackend
+
+
+@mprl.hookimpl
+def mprl_make_backend(name):
+    if name == "local-debug":  # the local backend under another name
+        return LocalBackend()
+    return None
+"""
+
+
+def test_the_0_1_0_documented_backend_plugin_still_works(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "local_debug_0_1_0.py").write_text(DOCUMENTED_0_1_0)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    pm = plugin_manager()
+    with pytest.warns(MprlDeprecationWarning) as caught:
+        module = importlib.import_module("local_debug_0_1_0")
+        pm.register(module)
+    monkeypatch.delitem(sys.modules, "local_debug_0_1_0")
+    assert [str(w.message).split(" ")[:2] for w in caught] == [
+        ["mprl.local.LocalBackend", "is"],
+        ["the", "mprl_make_backend"],
+    ]
+    backend = pm.backend("local-debug")
+    assert type(backend) is LocalBackend and isinstance(backend, Backend)
+
+
+# -- plugin names ------------------------------------------------------------------------------
+
+
+def test_blocking_the_0_1_0_builtin_plugin_blocks_what_it_became(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(BLOCK_ENV, "mprl.builtin")
+    with pytest.warns(MprlDeprecationWarning, match=r"plugin name 'mprl.builtin' is deprecated"):
+        pm = get_plugin_manager(autoload=False)
+    became = ["mprl.host.envs", "mprl.backends.local", "mprl.backends.serial"]
+    assert pm.blocked_names() == became  # what spawned children block: no warning there
+    assert not any(pm.has_plugin(name) for name in became)
+    assert "local" not in pm.backends() and "serial" not in pm.backends()
+    assert pm.has_plugin("mprl.backends.ray")  # 0.1.0 had no such plugin to block
+    assert re.search(r"mprl\.host\.envs, mprl\.backends\.local, mprl\.backends\.serial", str(
+        deprecated.renamed_plugin_message("mprl.builtin")
+    ))  # fmt: skip
