@@ -258,3 +258,44 @@ def test_blocking_the_0_1_0_builtin_plugin_blocks_what_it_became(
     assert re.search(r"mprl\.host\.envs, mprl\.backends\.local, mprl\.backends\.serial", str(
         deprecated.renamed_plugin_message("mprl.builtin")
     ))  # fmt: skip
+
+
+# -- where a user reads about it -----------------------------------------------------------------
+
+
+def _section(text: str, title: str) -> str:
+    return text.split(title, 1)[1].split("\n## ", 1)[0]
+
+
+def test_the_reference_and_the_changelog_name_every_deprecation_and_removal() -> None:
+    reference = _section((REPO / "docs" / "reference.md").read_text(), "## 11. Deprecated in 0.2.0")
+    changelog = _section((REPO / "CHANGELOG.md").read_text(), f"## {mprl.__version__}")
+    for old, names in deprecated.MOVED.items():  # the reference says where each name went
+        for name, new in names.items():
+            assert new.partition(":")[0] in reference, (old, name, new)
+    for text in (reference, changelog):  # both say how to migrate what the user could notice
+        for module in deprecated.OLD_MODULES:
+            assert f"`{module}" in text or f" {module}" in text, module
+        for old, names in deprecated.MOVED.items():
+            for name, new in names.items():
+                attribute = new.partition(":")[2]
+                if attribute != name:  # renamed: both spellings are written down
+                    assert name in text and attribute in text, (old, name, new)
+        for old in deprecated.REMOVED:
+            assert old.rsplit(".", 1)[1] in text, old
+        assert "mprl_make_backend" in text and "mprl_register_backends" in text
+        assert "mprl.builtin" in text and deprecated.REMOVED_IN in text
+
+
+def test_the_version_is_the_changelog_s_newest_release() -> None:
+    changelog = (REPO / "CHANGELOG.md").read_text()
+    releases = re.findall(r"^## (\d+\.\d+\.\d+)", changelog, flags=re.MULTILINE)
+    assert releases[:2] == [mprl.__version__, "0.1.0"] and mprl.__version__ == "0.2.0"
+    pyproject = (REPO / "pyproject.toml").read_text()
+    assert re.search(r'^version = "(.*)"$', pyproject, flags=re.MULTILINE)[1] == mprl.__version__
+    newest = _section(changelog, f"## {mprl.__version__}")
+    groups = re.findall(r"^### (\w+)", newest, flags=re.MULTILINE)
+    assert [g for g in groups if g in ("Breaking", "Deprecated", "Changed", "Added")] == [
+        "Breaking", "Deprecated", "Changed", "Added",
+    ]  # fmt: skip
+    assert deprecated.REMOVED_IN == "0.3.0"  # one minor release after the deprecation
