@@ -1,6 +1,6 @@
 """The learner alone, on the CPU and on a GPU where there is one: samples learned per second by
 impala's V-trace update and ppo's epochs over Atari-shaped batches (uint8 frames 4x84x84, the
-Nature CNN), the batch moved to the device as a run moves it (``mprl.learner.Staging``: one
+Nature CNN), the batch moved to the device as a run moves it (``mprl.device.Staging``: one
 pinned, non-blocking copy) and the weights copied back to a CPU model as publishing does.
 
 Usage: ``python benchmarks/gpu_learner.py [--seconds 20] [--threads N]``. Prints a table of
@@ -19,7 +19,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from mprl.learner import Staging
+from mprl.device import Staging
 from mprl.lib.envbatch import rollout_spec
 from mprl.lib.nets import ActorCritic, make_optimizer
 from mprl_impala.algorithm import PRESETS as IMPALA_PRESETS

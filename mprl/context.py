@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     import gymnasium as gym
     import torch
 
-    from mprl.learner import DeviceLearner, Staging
+    from mprl.device import Staging
     from mprl.run_types import RunConfig
     from mprl.schema import SharedState
 
@@ -103,7 +103,6 @@ class Context:
     _optimizers: dict[str, torch.optim.Optimizer] = attrs.field(alias="optimizers", factory=dict)
     _state: SharedState | None = attrs.field(default=None, init=False, repr=False)
     _optimizer_ready: bool = attrs.field(default=False, init=False, repr=False)
-    _learner: DeviceLearner | None = attrs.field(default=None, init=False, repr=False)
     _staging: Staging | None = attrs.field(default=None, init=False, repr=False)
 
     @property
@@ -111,7 +110,7 @@ class Context:
         """Where this process learns: the train process's ``--device`` (``auto``: the GPU
         where there is one), the CPU for workers. On a GPU, :attr:`model` and the optimizers
         of the train process are copies there; move batches with :meth:`to_device`."""
-        from mprl.learner import resolve_device
+        from mprl.device import resolve_device
 
         if self.role != "trainer":
             import torch
@@ -119,38 +118,21 @@ class Context:
             return torch.device("cpu")
         return resolve_device(self.run.device)
 
-    def _device_learner(self) -> DeviceLearner | None:
-        if self._learner is None and self.role == "trainer" and self.device.type != "cpu":
-            from mprl.learner import DeviceLearner
-
-            optimizers = dict(self._optimizers)
-            if self._optimizer is not None:
-                optimizers[""] = self._optimizer
-            self._learner = DeviceLearner(self._model, optimizers, self.device)
-        return self._learner
-
     @property
     def model(self) -> torch.nn.Module:
         """The model: the shared one (parameters in shared memory on the local backend); in a
         train process on a GPU, its copy there, which ``weights.publishing(model)`` copies
         back into the shared one the workers act with."""
-        learner = self._device_learner()
-        return self._model if learner is None else learner.model
+        return self._model
 
     def to_device(self, batch: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """``batch`` (``{name: tensor}``, a ``take_batch`` or ``sample``) on :attr:`device`, in
         one pinned, non-blocking copy on a GPU; on the CPU, the same tensors."""
         if self._staging is None:
-            from mprl.learner import Staging
+            from mprl.device import Staging
 
             self._staging = Staging(self.device)
         return self._staging(batch)
-
-    def _sync_learner(self) -> None:
-        """Copy a GPU learner's optimizer state back to the shared optimizers (which are
-        checkpointed); the backend calls it when the train function returns. Nothing on CPU."""
-        if self._learner is not None:
-            self._learner.sync()
 
     @property
     def state(self) -> SharedState:
@@ -165,24 +147,17 @@ class Context:
         """The shared optimizer: ``make_optimizer``'s, or the only one of ``optimizers``;
         ``None`` when the algorithm declares neither. Only declared optimizers are shared,
         checkpointed and restored: one a function builds for itself is its own."""
-        learner = self._device_learner()
-        optimizers = self._optimizers if learner is None else learner.optimizers
-        opt = self._optimizer if learner is None else learner.optimizers.get("")
-        if opt is None and len(optimizers) == 1:
-            opt = next(iter(optimizers.values()))
+        opt = self._optimizer
+        if opt is None and len(self._optimizers) == 1:
+            opt = next(iter(self._optimizers.values()))
         return self._ready(opt)
 
     @property
     def optimizers(self) -> dict[str, torch.optim.Optimizer]:
         """The algorithm's named optimizers (``Algorithm(optimizers=...)``), shared."""
-        learner = self._device_learner()
-        if learner is None:
-            optimizers = self._optimizers
-        else:
-            optimizers = {k: v for k, v in learner.optimizers.items() if k}
-        for opt in optimizers.values():
+        for opt in self._optimizers.values():
             self._ready(opt)
-        return optimizers
+        return self._optimizers
 
     def _ready(self, opt: torch.optim.Optimizer | None) -> torch.optim.Optimizer | None:
         if opt is not None and not self._optimizer_ready and getattr(opt, "needs_dynamo", True):
@@ -210,8 +185,6 @@ class Context:
         Cheap (a shared-memory read, no Manager round trip): call it every step. It is also
         this process's heartbeat, like :meth:`add_steps` and :meth:`log`.
         """
-        if self._learner is not None:
-            self._learner.maybe_sync()
         return self.channel.should_stop(self._slot)
 
     def add_steps(self, n: int) -> None:
@@ -324,9 +297,19 @@ class Context:
     def __getstate__(self) -> dict[str, Any]:
         state = {f.name: getattr(self, f.name) for f in attrs.fields(type(self))}
         state["_state"] = None  # bound again in the process that unpickles it
-        state["_learner"] = state["_staging"] = None  # made again there, on its device
+        state["_staging"] = None  # made again there, on its device
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         for key, value in state.items():
             object.__setattr__(self, key, value)
+
+
+def objects_of(
+    ctx: Context,
+) -> tuple[torch.nn.Module, torch.optim.Optimizer | None, dict[str, torch.optim.Optimizer]]:
+    """The model, ``make_optimizer``'s optimizer and the named optimizers ``ctx`` was given, as
+    given (no first-use work): for the child runtime, which moves them to a device, and for a
+    backend that reads what a child trains. Replace them with ``attrs.evolve(ctx, model=...,
+    optimizer=..., optimizers=...)``."""
+    return ctx._model, ctx._optimizer, dict(ctx._optimizers)

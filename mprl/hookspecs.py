@@ -177,6 +177,46 @@ def mprl_register_backends(register: Callable[..., None]) -> None:
     """
 
 
+@hookspec
+def mprl_register_options(register: Callable[[type], None]) -> None:
+    """Register the run options this plugin owns (a backend's, a reporter's).
+
+    Each field of a registered attrs class becomes a run option like ``--workers``: a flag of
+    ``mprl run`` (``--field-name``, listed by ``mprl run --help`` under the plugin's name), a key
+    of a config file's ``[run]`` table, a keyword of :func:`mprl.run`, and a key of ``run`` in
+    ``config.json`` and checkpoints. Values are checked against the field's type and validators
+    before anything starts (exit 2 naming the field); read them with ``run.of(TheClass)`` on the
+    run's :class:`mprl.RunConfig` (``ctx.run``, ``job.run``, ``RunInfo.run``).
+
+    :param register: call it with an attrs class whose every field has a default and a
+        ``metadata={"help": ...}``. A field name the core or another plugin already uses is an
+        error naming both.
+    :returns: nothing. Not firstresult: every plugin is called.
+
+    Example::
+
+        import attrs
+        import mprl
+
+
+        @attrs.frozen
+        class SlackOptions:
+            slack_channel: str = attrs.field(default="", metadata={"help": "post the summary here"})
+
+
+        @mprl.hookimpl
+        def mprl_register_options(register):
+            register(SlackOptions)
+
+
+        @mprl.hookimpl
+        def mprl_run_end(run, summary):
+            channel = run.run.of(SlackOptions).slack_channel
+            if channel:
+                print(f"to {channel}: {run.algorithm} {summary['status']}")
+    """
+
+
 # --------------------------------------------------------------------------------------------
 # Run lifecycle and reporting
 # --------------------------------------------------------------------------------------------

@@ -4,13 +4,15 @@
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 from attrs import validators as v
 
+T = TypeVar("T")
 MAX_SEED = 2**32 - 1  # what every generator a run seeds (numpy's too) takes
 MAX_THREADS = 256  # torch threads per child; far more crashed torch here (100,000: SIGSEGV)
 
@@ -51,15 +53,8 @@ class RunConfig:
     backend: str = attrs.field(
         default="local",
         metadata={
-            "help": "where processes run: local (spawned), serial (see --serial) or ray "
-            '(Ray actors; pip install "mprl[ray]")'
-        },
-    )
-    ray_address: str = attrs.field(
-        default="",
-        metadata={
-            "help": "--backend ray: join the Ray cluster at HOST:PORT (default: $RAY_ADDRESS, "
-            "else start Ray on this machine for the run)"
+            "help": "where processes run: local (spawned), serial (see --serial), ray (Ray "
+            'actors; pip install "mprl[ray]"), or another backend a plugin registers'
         },
     )
     env_batch: str = attrs.field(
@@ -75,18 +70,6 @@ class RunConfig:
         metadata={
             "help": "where the train process learns: auto (a GPU where there is one), cpu, "
             "cuda, cuda:N; workers act on the CPU"
-        },
-    )
-    worker_cpus: float = attrs.field(
-        default=1.0,
-        validator=v.gt(0),
-        metadata={"help": "--backend ray: CPUs each worker actor reserves"},
-    )
-    learner_resources: str = attrs.field(
-        default="",
-        metadata={
-            "help": "--backend ray: what the train process's actor reserves, as JSON "
-            """(default '{"CPU": 1}'; e.g. '{"CPU": 1, "GPU": 1}')"""
         },
     )
     max_restarts: int = attrs.field(
@@ -121,13 +104,34 @@ class RunConfig:
             "them up per second once it wrote 20,000 (50 a second on average)"
         },
     )
-    tensorboard: bool = attrs.field(
-        default=False,
-        metadata={
-            "help": "write TensorBoard event files to RUN_DIR/tensorboard "
-            '(pip install "mprl[tensorboard]")'
-        },
-    )
+    #: the values of the run options plugins register (``mprl_register_options``), by field
+    #: name; read them with :meth:`of`
+    extra: Mapping[str, Any] = attrs.field(factory=dict, init=True, repr=False)
+
+    def of(self, cls: type[T]) -> T:
+        """The options of ``cls`` (an attrs class a plugin registered with
+        ``mprl_register_options``) this run was given, defaults for the rest."""
+        names = attrs.fields_dict(cls)  # type: ignore[arg-type]
+        return cls(**{k: v for k, v in self.extra.items() if k in names})
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every run option by name, the registered ones too, as ``config.json`` holds them."""
+        out = attrs.asdict(self, recurse=True, filter=lambda a, _: a.name != "extra")
+        return {**out, **self.extra}
+
+    def __getattr__(self, name: str) -> Any:
+        # 0.1.0 read the TensorBoard plugin's option as run.tensorboard: a registered option
+        # read as an attribute still works for a release, with a warning
+        extra = object.__getattribute__(self, "extra") if name != "extra" else {}
+        if name in extra:
+            warnings.warn(
+                f"RunConfig.{name} is deprecated: {name!r} is a run option a plugin registers; "
+                f"read it with run.of(ITS_OPTIONS_CLASS).{name}; removed in 0.3.0",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            return extra[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
 
 @attrs.frozen

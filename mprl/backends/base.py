@@ -10,14 +10,12 @@ a folder under ``mprl/backends/`` and one ``mprl_make_backend`` hookimpl.
 
 from __future__ import annotations
 
-import random
 import signal
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
-import numpy as np
 import torch
 
 from mprl.context import Channel, Context, EnvMaker, derive_seed
@@ -138,13 +136,6 @@ def available_memory() -> int | None:
     except (OSError, ValueError, IndexError):
         pass
     return None
-
-
-def seed_process(seed: int) -> None:
-    """Seed ``random``, numpy and torch of the process (or serial turn) about to run."""
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
 
 
 def end_reason(job: Job, done: Sequence[Role]) -> str | None:

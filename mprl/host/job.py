@@ -15,12 +15,12 @@ import torch
 
 from mprl.algorithm import Algorithm
 from mprl.backends.base import Job, available_memory
+from mprl.device import check_device
 from mprl.errors import PluginError, UsageError
 from mprl.host import checkpoint
 from mprl.host.config import build
 from mprl.host.envs import EnvFactory, check_trusted, make_env, workload
 from mprl.host.plugins import PluginManager
-from mprl.learner import check_device
 from mprl.lib import envpool
 from mprl.run_types import RunConfig
 from mprl.schema import Dims
@@ -57,9 +57,7 @@ def resolve(
 ) -> tuple[str, Algorithm, Any, RunConfig]:
     """The plugin name, algorithm, config and run options; UsageError on anything wrong."""
     plugin_name, algo = pm.algorithm(plugin)
-    run_cfg = build(
-        RunConfig, {k: v for k, v in run_options.items() if v is not None}, source="run option"
-    )
+    run_cfg = pm.run_options().build({k: v for k, v in run_options.items() if v is not None})
     if not run_cfg.env:
         run_cfg = attrs.evolve(run_cfg, env=algo.default_env)
     check_device(run_cfg.device, algo.name, trains_in_workers=algo.train is None)
@@ -103,7 +101,8 @@ def _resume_inputs(
         )
     if config is None or isinstance(config, Mapping):
         config = {**data["config"], **(config or {})}
-    merged = {**data["run"], **{k: v for k, v in options.items() if v is not None}}
+    saved = pm.run_options().known(data["run"])  # a plugin's that is gone: at its default
+    merged = {**saved, **{k: v for k, v in options.items() if v is not None}}
     return data["algorithm"], config, merged
 
 

@@ -234,7 +234,7 @@ class RunMonitor:
                     plugin_version=info.plugin_version,
                     algorithm=info.algorithm,
                     config=as_dict(info.config),
-                    run=as_dict(info.run),
+                    run=info.run.to_dict(),
                     session=job.session,
                     model=job.model,
                     optimizer=job.optimizer,

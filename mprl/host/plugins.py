@@ -23,6 +23,7 @@ from mprl.algorithm import Algorithm
 from mprl.backends.base import Backend
 from mprl.errors import PluginError, UsageError
 from mprl.hookspecs import NAME
+from mprl.host.options import RunOptions
 from mprl.version import __version__
 
 #: Comma-separated plugin names not to load (like ``-p no:NAME``).
@@ -101,6 +102,7 @@ class PluginManager(pluggy.PluginManager):
         self.entry_points: dict[str, str] = {}  # plugin name -> the entry point's value
         self._algorithms: dict[str, tuple[str, Algorithm]] | None = None
         self._backends: dict[str, BackendInfo] | None = None
+        self._options: RunOptions | None = None
         #: algorithm names registered by more than one plugin: name -> the plugins
         self.conflicts: dict[str, list[str]] = {}
         self._blocked: list[str] = []
@@ -292,6 +294,21 @@ class PluginManager(pluggy.PluginManager):
             found.setdefault(info.name, info)
         self._backends = found
         return found
+
+    def run_options(self) -> RunOptions:
+        """Every run option: :class:`mprl.RunConfig`'s and those plugins register."""
+        if self._options is None:
+
+            def check(plugin: str, cls: Any = None, *extra: Any, **kwargs: Any) -> None:
+                if extra or kwargs or not attrs.has(cls):
+                    raise PluginError(
+                        f"plugin {plugin!r}: mprl_register_options called register() with "
+                        f"{cls!r}; expected an attrs class"
+                    )
+
+            found = self._registrations("mprl_register_options", check)
+            self._options = RunOptions([(plugin, args[0]) for plugin, (args, _) in found])
+        return self._options
 
     def backend(self, name: str) -> Backend:
         """A new backend ``name`` for one run; unknown names list the available ones. A name

@@ -30,7 +30,7 @@ from mprl.host.policy_check import CHECK_EPISODES, PolicyCheck
 from mprl.host.progress import Progress
 from mprl.host.rundir import RunDir
 from mprl.host.stats import RunStats
-from mprl.run_types import RunConfig, RunInfo, Summary
+from mprl.run_types import RunInfo, Summary
 from mprl.version import __version__
 
 
@@ -79,7 +79,8 @@ def run(
 ) -> Summary:
     """Train algorithm ``plugin`` and return how the run ended.
 
-    Every :class:`RunConfig` field can be given as a keyword (``max_restarts=2``...).
+    Every run option can be given as a keyword (``max_restarts=2``...): the fields of
+    :class:`RunConfig` and those plugins register (``mprl_register_options``).
     ``resume=RUN_DIR`` (or a checkpoint file) continues a run from its last checkpoint: the
     plugin, config and run options are the checkpoint's unless given here, counters continue
     and metrics are appended (to ``run_dir`` when given, else to the original run directory).
@@ -90,10 +91,7 @@ def run(
     stop the run cleanly and return a summary with ``status="interrupted"``.
     """
     pm = plugins or get_plugin_manager()
-    unknown = set(run_options) - set(attrs.fields_dict(RunConfig))
-    if unknown:
-        known = ", ".join(attrs.fields_dict(RunConfig))
-        raise UsageError(f"unknown run option(s) {', '.join(sorted(unknown))}; known: {known}")
+    pm.run_options().unknown(run_options, "mprl.run()")
     options = {"env": env, "workers": workers, "seed": seed, "total_steps": total_steps}
     plan = prepare_job(pm, plugin, config, {**options, **run_options}, resume)
     backend = pm.backend(plan.job.run.backend)
@@ -145,7 +143,7 @@ def _write_config(rundir: RunDir, plan: Prepared) -> None:
             "mprl_version": __version__,
             "reward_threshold": plan.reward_threshold,
             "session": job.session,
-            "run": as_dict(job.run),
+            "run": job.run.to_dict(),
             "config": as_dict(job.config),
         },
     )

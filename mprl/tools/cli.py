@@ -15,16 +15,10 @@ from typing import Any
 import attrs
 
 from mprl.errors import RunFailed, UsageError
-from mprl.host.config import (
-    build,
-    describe_fields,
-    fields_of,
-    load_toml,
-    parse_assignments,
-    parse_value,
-)
+from mprl.host.config import describe_fields, load_toml, parse_assignments, parse_value
+from mprl.host.options import RunOptions
 from mprl.host.plugins import PluginManager, get_plugin_manager
-from mprl.run_types import RunConfig
+from mprl.run_types import Summary
 from mprl.version import __version__
 
 EXIT_FAILED, EXIT_USAGE = 1, 2
@@ -45,7 +39,8 @@ def _blocked(values: Sequence[str]) -> list[str]:
     return out
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(pm: PluginManager | None = None) -> argparse.ArgumentParser:
+    """The command line; ``run``'s options are those ``pm`` knows (the core's without it)."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "-p", dest="plugin_options", action="append", default=[], metavar="no:NAME",
@@ -54,7 +49,20 @@ def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m mprl", description="Multi-process reinforcement learning.")
     parser.add_argument("--version", action="version", version=f"mprl {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    _add_run(sub, common, pm.run_options() if pm is not None else RunOptions([]))
+    plugins = sub.add_parser("plugins", parents=[common], help="list installed plugins")
+    plugins.add_argument("--json", action="store_true", help="machine-readable output")
+    _add_plot(sub)
+    _add_eval(sub)
+    runs = sub.add_parser("runs", help="list run directories and how they ended")
+    runs.add_argument(
+        "directory", nargs="?", default="runs", metavar="DIR",
+        help="where to look, up to 3 levels down [default runs]",
+    )  # fmt: skip
+    return parser
 
+
+def _add_run(sub: Any, common: argparse.ArgumentParser, options: RunOptions) -> None:
     run = sub.add_parser(
         "run", parents=[common], add_help=False, help="train an algorithm",
         description="Train an algorithm until the env is solved or --total-steps is reached.",
@@ -80,19 +88,11 @@ def _parser() -> argparse.ArgumentParser:
         "--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE",
         help="set an algorithm config field (repeatable), e.g. --set lr=0.0005",
     )  # fmt: skip
-    options = run.add_argument_group("run options (also settable in the [run] table)")
-    for name, type_name, default, text in describe_fields(RunConfig):
-        if type_name == "bool":  # a switch; None when absent, so a [run] table or checkpoint holds
-            options.add_argument(
-                "--" + name.replace("_", "-"), dest=f"run_{name}", action="store_true",
-                default=None, help=text,
-            )  # fmt: skip
-            continue
-        options.add_argument(
-            "--" + name.replace("_", "-"), dest=f"run_{name}",
-            metavar=type_name.split(" | ")[0].upper(),
-            help=f"{text} [default {default}]" if "default" not in text else text,
-        )  # fmt: skip
+    for owner, rows in options.groups():
+        title = "run options (also settable in the [run] table)"
+        if owner != "mprl":
+            title = f"run options of plugin {owner} (also settable in the [run] table)"
+        _add_options(run.add_argument_group(title), rows)
     run.add_argument("--quiet", "-q", action="store_true", help="no progress display")
     run.add_argument(
         "--serial", action="store_true",
@@ -100,9 +100,23 @@ def _parser() -> argparse.ArgumentParser:
         "--backend serial): nothing spawned, repeatable for a seed, breakpoint() works",
     )  # fmt: skip
 
-    plugins = sub.add_parser("plugins", parents=[common], help="list installed plugins")
-    plugins.add_argument("--json", action="store_true", help="machine-readable output")
 
+def _add_options(group: Any, rows: list[tuple[str, str, str, str]]) -> None:
+    """A flag per run option (``--total-steps``), stored as ``run_NAME``."""
+    for name, type_name, default, text in rows:
+        flag = "--" + name.replace("_", "-")
+        if type_name == "bool":  # a switch; None when absent, so a [run] table or checkpoint holds
+            group.add_argument(
+                flag, dest=f"run_{name}", action="store_true", default=None, help=text
+            )
+            continue
+        group.add_argument(
+            flag, dest=f"run_{name}", metavar=type_name.split(" | ")[0].upper(),
+            help=f"{text} [default {default}]" if "default" not in text else text,
+        )  # fmt: skip
+
+
+def _add_plot(sub: Any) -> None:
     plot = sub.add_parser(
         "plot", help="plot learning curves of run directories",
         description="Plot the mean return of the last N episodes vs env steps and vs wall time, "
@@ -124,6 +138,8 @@ def _parser() -> argparse.ArgumentParser:
         help="episodes in the moving mean of returns [default 100]",
     )  # fmt: skip
 
+
+def _add_eval(sub: Any) -> None:
     ev = sub.add_parser(
         "eval", help="play a trained policy and measure it",
         description="Play episodes with the policy of a run's last checkpoint (or of a checkpoint "
@@ -150,13 +166,6 @@ def _parser() -> argparse.ArgumentParser:
         help="JSON to write [default: RUN_DIR/eval.json]",
     )  # fmt: skip
 
-    runs = sub.add_parser("runs", help="list run directories and how they ended")
-    runs.add_argument(
-        "directory", nargs="?", default="runs", metavar="DIR",
-        help="where to look, up to 3 levels down [default runs]",
-    )  # fmt: skip
-    return parser
-
 
 def _plugin_help(pm: PluginManager, name: str) -> str:
     plugin_name, algo = pm.algorithm(name)
@@ -176,12 +185,11 @@ def _plugin_help(pm: PluginManager, name: str) -> str:
     return "\n".join(lines)
 
 
-def _cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+def _cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser, pm: PluginManager) -> int:
     from mprl.host.runner import run
 
-    pm = get_plugin_manager(blocked=_blocked(args.plugin_options))
-    run_parser = parser._subparsers._group_actions[0].choices["run"]  # type: ignore[union-attr]
     if args.help:
+        run_parser = parser._subparsers._group_actions[0].choices["run"]  # type: ignore[union-attr]
         text = run_parser.format_help()
         if args.plugin:
             text += _plugin_help(pm, args.plugin)
@@ -192,40 +200,49 @@ def _cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if not args.plugin and not args.resume:
         installed = ", ".join(sorted(pm.algorithms())) or "none"
         raise UsageError(f"run needs --plugin NAME (or --resume RUN_DIR); installed: {installed}")
+    config, options = _run_inputs(args, pm.run_options())
+    try:
+        summary = run(
+            args.plugin, config=config, run_dir=args.run_dir, resume=args.resume,
+            # a live panel would redraw over a breakpoint()'s prompt: plain lines when serial
+            progress="none" if args.quiet else "plain" if args.serial else "auto",
+            plugins=pm, **options,
+        )  # fmt: skip
+    except RunFailed as exc:
+        print(f"mprl: run failed: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    print(_final_line(summary))
+    return summary.exit_code
+
+
+def _run_inputs(
+    args: argparse.Namespace, known: RunOptions
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The algorithm config and run options of ``run``'s flags and ``--config`` file, each
+    checked where it came from, so an error names the file or the flag; flags win."""
     config: dict[str, Any] = {}
-    options: dict[str, Any] = {}
+    table: dict[str, Any] = {}
     if args.config:
         data = load_toml(args.config)
-        run_table = data.pop("run", {})
-        if not isinstance(run_table, dict):
+        table = data.pop("run", {})
+        if not isinstance(table, dict):
             raise UsageError(f"config file {args.config!r}: [run] must be a table")
-        options.update(run_table)
         config.update(data)
     config.update(parse_assignments(args.assignments))
     flags = {}
-    for name, field in fields_of(RunConfig).items():
+    for name in known.names:
         text = getattr(args, f"run_{name}")
         if text is not None:
-            flags[name] = text if field.type in (str, bool) else parse_value(text)
+            flags[name] = text if known.field(name).type in (str, bool) else parse_value(text)
     if args.serial:
         if flags.get("backend", "serial") != "serial":
             raise UsageError(f"--serial and --backend {flags['backend']} contradict each other")
         flags["backend"] = "serial"
-    try:
-        summary = run(
-            args.plugin,
-            config=config,
-            run_dir=args.run_dir,
-            resume=args.resume,
-            # a live panel would redraw over a breakpoint()'s prompt: plain lines when serial
-            progress="none" if args.quiet else "plain" if args.serial else "auto",
-            plugins=pm,
-            **{**_run_options(options, args.config), **_run_options(flags, None)},
-        )
-    except RunFailed as exc:
-        print(f"mprl: run failed: {exc}", file=sys.stderr)
-        return EXIT_FAILED
-    s = summary
+    from_file = known.check(table, f"config file {args.config!r} [run]") if table else {}
+    return config, {**from_file, **known.check(flags, "run option")}
+
+
+def _final_line(s: Summary) -> str:
     mean = "-" if s.mean_return_100 is None else f"{s.mean_return_100:.1f}"
     verdict = "solved" if s.solved else s.stop_reason
     if s.solved_at:  # the moment it was solved: episodes kept finishing while the run stopped
@@ -234,19 +251,10 @@ def _cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             f"solved after {at['wall_s']:.1f} s, {at['env_steps']:,} env steps: "
             f"mean return(100) {at['mean_return_100']:.1f}"
         )
-    print(
+    return (
         f"mprl: {s.status} ({verdict}) after {s.wall_s:.1f} s: {s.env_steps:,} env steps, "
         f"{s.episodes:,} episodes, mean return(100) {mean}; run directory: {s.run_dir}"
     )
-    return s.exit_code
-
-
-def _run_options(options: dict[str, Any], source: str | None) -> dict[str, Any]:
-    """Run options from the [run] table or flags, checked against RunConfig's fields, so an
-    error names the file or the flag."""
-    where = f"config file {source!r} [run]" if source else "run option"
-    checked = build(RunConfig, options, source=where)
-    return {k: getattr(checked, k) for k in options}
 
 
 def _cmd_plugins(args: argparse.Namespace) -> int:
@@ -316,12 +324,27 @@ def _cmd_runs(args: argparse.Namespace) -> int:
     return 0
 
 
+def _plugins_for(argv: Sequence[str]) -> PluginManager | None:
+    """The plugin manager ``run`` needs to know its options (``-p no:NAME`` applied), read
+    before the whole command line is; ``None`` for the other commands."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("command", nargs="?")
+    pre.add_argument("-p", dest="plugin_options", action="append", default=[])
+    known, _ = pre.parse_known_args(argv)
+    if known.command != "run":
+        return None
+    return get_plugin_manager(blocked=_blocked(known.plugin_options))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = _parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     try:
+        pm = _plugins_for(argv)
+        parser = _parser(pm)
         args = parser.parse_args(argv)
         if args.command == "run":
-            return _cmd_run(args, parser)
+            assert pm is not None
+            return _cmd_run(args, parser, pm)
         if args.command == "plot":
             return _cmd_plot(args)
         if args.command == "eval":

@@ -60,7 +60,8 @@ def evaluate(
     target = _checked_out(Path(out) if out is not None else _default_out(file), file)
     pm = plugins or get_plugin_manager()
     try:
-        run_options = {**data["run"], "device": "cpu"}  # it plays here, on the CPU
+        # it plays here, on the CPU; an option of a plugin not installed here is left out
+        run_options = {**pm.run_options().known(data["run"]), "device": "cpu"}
         _, algo, config, run_cfg = resolve(data["algorithm"], pm, data["config"], run_options)
     except UsageError as exc:
         raise UsageError(

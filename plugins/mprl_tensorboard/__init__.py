@@ -11,9 +11,11 @@ main process.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+import attrs
 
 import mprl
 from mprl.errors import UsageError
@@ -28,11 +30,29 @@ _writers: dict[Path, Any] = {}  # run directory -> SummaryWriter
 _wall0: dict[Path, float] = {}  # run directory -> epoch time of the records' wall == 0
 
 
+@attrs.frozen
+class TensorBoardOptions:
+    """This plugin's run option (``--tensorboard``, ``tensorboard = true`` in ``[run]``)."""
+
+    tensorboard: bool = attrs.field(
+        default=False,
+        metadata={
+            "help": "write TensorBoard event files to RUN_DIR/tensorboard "
+            '(pip install "mprl[tensorboard]")'
+        },
+    )
+
+
+@mprl.hookimpl
+def mprl_register_options(register: Callable[[type], None]) -> None:
+    register(TensorBoardOptions)
+
+
 @mprl.hookimpl
 def mprl_run_start(run):
     """Open the writer; fail with a usage error (before any process starts) if the package is
     missing. This is the first hook that sees the run options; nothing runs yet."""
-    if not run.run.tensorboard:
+    if not run.run.of(TensorBoardOptions).tensorboard:
         return
     try:
         from torch.utils.tensorboard import SummaryWriter

@@ -10,11 +10,17 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from mprl.backends.ray.backend import RayBackend
+from mprl.backends.ray.cluster import RayOptions
 from mprl.hookspecs import hookimpl
 
-__all__ = ["RayBackend"]
+__all__ = ["RayBackend", "RayOptions"]
 
 
 @hookimpl
 def mprl_register_backends(register: Callable[..., None]) -> None:
     register("ray", RayBackend, 'Ray actors on a cluster or this machine (pip install "mprl[ray]")')
+
+
+@hookimpl
+def mprl_register_options(register: Callable[[type], None]) -> None:
+    register(RayOptions)

@@ -12,14 +12,14 @@ import multiprocessing as mp
 import os
 import threading
 import time
-import traceback
 from collections.abc import Callable
 from typing import Any
 
+import attrs
 import ray
 import torch
 
-from mprl.backends import base
+from mprl.backends.child import Trained, run_child
 from mprl.backends.ray import transport
 from mprl.context import Context, episode_record
 
@@ -77,6 +77,7 @@ class ChildActor:
         mp.current_process().authkey = authkey
         self.channel = ActorChannel()
         self.ctx: Context | None = None
+        self.trained: Trained | None = None  # what the function trains (on its device)
         self.hub = transport.Hub()  # used when this actor hosts the run's transport
         transport.serve(self.hub)
 
@@ -92,18 +93,17 @@ class ChildActor:
 
     def run(self, fn: Callable[[Context], None], ctx: Context, threads: int) -> dict[str, Any]:
         """Run the plugin's function; ``{"code": 0}``, or ``{"code": 1, "traceback": ...}``."""
-        ctx.channel = self.channel
-        self.ctx = ctx
-        torch.set_num_threads(threads)
-        base.seed_process(ctx.seed)
-        ctx.heartbeat()
-        try:
+
+        def fn_then_flush(ctx: Context) -> None:
             fn(ctx)
-            ctx._sync_learner()  # a GPU learner's optimizer state, for the final checkpoint
             transport.flush()  # its last counter adds and replay rows
-        except BaseException:
-            return {"code": 1, "traceback": traceback.format_exc()}
-        return {"code": 0}
+
+        ctx = attrs.evolve(ctx, channel=self.channel)
+        ended = run_child(fn_then_flush, ctx, threads=threads, on_ready=self._ready)
+        return {"code": ended.code, "traceback": ended.traceback}
+
+    def _ready(self, ctx: Context, trained: Trained) -> None:
+        self.ctx, self.trained = ctx, trained
 
     def poll(
         self,
@@ -131,22 +131,24 @@ class ChildActor:
         if ctx is not None and model is not None:
             with torch.no_grad():
                 ctx.model.load_state_dict(ray.get(model[0]))
-        if ctx is not None and want_state:
-            out["state"] = self._state(ctx)
+        if ctx is not None and self.trained is not None and want_state:
+            out["state"] = self._state(ctx, self.trained)
         if self.ctx is not None and self.ctx.role == "trainer":
             out["hub"] = self.hub.info()
         return out
 
     @staticmethod
-    def _state(ctx: Context) -> dict[str, list[Any]] | None:
+    def _state(ctx: Context, trained: Trained) -> dict[str, list[Any]] | None:
         """References to this process's model and optimizer states (read while it may be
         training, as the local backend's checkpoint reads shared memory); ``None`` when an
         optimizer changed shape under the read."""
         try:
-            model = {k: v.detach().to("cpu", copy=True) for k, v in ctx.model.state_dict().items()}
+            weights = trained.model.state_dict()
+            model = {k: v.detach().to("cpu", copy=True) for k, v in weights.items()}
+            optimizer = trained.optimizer
             optimizers = {
-                "optimizer": ctx._optimizer.state_dict() if ctx._optimizer is not None else None,
-                "optimizers": {k: o.state_dict() for k, o in ctx._optimizers.items()},
+                "optimizer": optimizer.state_dict() if optimizer is not None else None,
+                "optimizers": {k: o.state_dict() for k, o in trained.optimizers.items()},
             }
             modules = {
                 name: {k: v.detach().clone() for k, v in value.state_dict().items()}

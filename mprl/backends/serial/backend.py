@@ -22,15 +22,16 @@ import copy
 import random
 import threading
 import time
-import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import attrs
 import numpy as np
 import torch
 
 from mprl.backends import base
 from mprl.backends.base import Job, Monitor, Outcome, Role
+from mprl.backends.child import run_child
 from mprl.backends.serial.manager import InProcessManager
 from mprl.backends.tensors import TensorStateBuilder
 from mprl.context import Context, episode_record
@@ -65,21 +66,11 @@ class _Proc:
         assert run is not None
         self.turn.acquire()
         run.current = self
-        base.seed_process(self.ctx.seed)
-        code, tb = 0, ""
-        try:
-            if not run.stopping:
-                self.fn(self.ctx)
-                self.ctx._sync_learner()
-        except _Stopped:
-            pass  # it was waiting when the run stopped: what SIGTERM is to a spawned process
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
-        except BaseException:  # every way a process can fail is reported
-            code, tb = 1, traceback.format_exc()
-        if code:
-            run.failures.append(base.failure(self.role, code, tb))
-            run.stop("failed")
+        if not run.stopping:
+            ended = run_child(self.fn, self.ctx, stopped=(_Stopped,))
+            if ended.code:
+                run.failures.append(base.failure(self.role, ended.code, ended.traceback))
+                run.stop("failed")
         self.live = False
         run.finished(self)
 
@@ -187,8 +178,11 @@ class _SerialRun:
 
     def _proc(self, index: int, role: Role) -> _Proc:
         job = self.job
-        ctx = job.context(role, self.state, self.channel)
-        ctx._model, ctx._optimizer, ctx._optimizers = _own_objects(job)
+        model, optimizer, optimizers = _own_objects(job)
+        ctx = attrs.evolve(
+            job.context(role, self.state, self.channel),
+            model=model, optimizer=optimizer, optimizers=optimizers,
+        )  # fmt: skip
         proc = _Proc(index, role, job.function(role), ctx)
         proc.run = self
         return proc

@@ -1,25 +1,18 @@
-"""The train process's device (``--device``): where its model and optimizers live, how batches
-reach it, and how its optimizer state gets back to the shared copies that are checkpointed.
+"""The train process's device (``--device``): which one a spec stands for, and how batches reach
+it (:class:`Staging`, behind :meth:`mprl.Context.to_device`).
 
-On the CPU the train process updates the shared model and optimizers in place, as always. On a
-GPU it trains copies of them there (:class:`DeviceLearner`): the workers keep acting on the
-shared CPU model, which ``weights.publishing(model)`` updates at the end of each update, and the
-optimizer state is copied back now and then (:data:`SYNC_S`) and when the train function
-returns, so a checkpoint holds it.
+On the CPU the train process updates the shared model and optimizers in place. On a GPU the
+child runtime (:mod:`mprl.backends.child`) gives it copies there before its function starts.
 """
 
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Mapping
 
 import torch
 
 from mprl.errors import UsageError
-
-#: how often a learner on a GPU copies its optimizer state back to the shared (checkpointed) one
-SYNC_S = 2.0
 
 _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 
@@ -53,74 +46,6 @@ def resolve_device(spec: str, trains_in_workers: bool = False) -> torch.device:
         use_gpu = torch.cuda.is_available() and not trains_in_workers
         return torch.device("cuda" if use_gpu else "cpu")
     return torch.device(spec)
-
-
-def _on(
-    shared: torch.optim.Optimizer, params: Mapping[torch.nn.Parameter, torch.nn.Parameter]
-) -> torch.optim.Optimizer:
-    """A copy of ``shared`` over the parameters ``params`` maps its own to, state included."""
-    groups = [
-        {**group, "params": [params[p] for p in group["params"]]} for group in shared.param_groups
-    ]
-    try:
-        copy = type(shared)(groups, **shared.defaults)
-    except TypeError as exc:
-        raise UsageError(
-            f"--device: the optimizer {type(shared).__name__} cannot be rebuilt on the device "
-            f"from its defaults ({exc}); use --device cpu"
-        ) from None
-    copy.load_state_dict(shared.state_dict())  # the state moves to the parameters' device
-    return copy
-
-
-class DeviceLearner:
-    """Copies of the shared model and optimizers on ``device``, for the train process.
-
-    :param model: the shared model.
-    :param optimizers: the shared optimizers (over the shared model's parameters).
-    """
-
-    def __init__(
-        self,
-        model: torch.nn.Module,
-        optimizers: Mapping[str, torch.optim.Optimizer],
-        device: torch.device,
-    ) -> None:
-        import copy
-
-        self.device = device
-        self.shared_model = model
-        self.model = copy.deepcopy(model).to(device)
-        params = dict(zip(model.parameters(), self.model.parameters(), strict=True))
-        self.shared = dict(optimizers)
-        self.optimizers = {name: _on(opt, params) for name, opt in self.shared.items()}
-        self._synced = time.monotonic()
-
-    def maybe_sync(self) -> None:
-        """:meth:`sync` if it has not run for :data:`SYNC_S` seconds."""
-        if time.monotonic() - self._synced >= SYNC_S:
-            self.sync()
-
-    @torch.no_grad()
-    def sync(self) -> None:
-        """Copy the optimizers' state (moments, step counts, learning rates) back to the shared
-        ones, which the main process checkpoints."""
-        for name, opt in self.optimizers.items():
-            shared = self.shared[name]
-            for mine, theirs in zip(opt.param_groups, shared.param_groups, strict=True):
-                for key, value in mine.items():
-                    if key != "params":
-                        theirs[key] = value
-                for p, q in zip(mine["params"], theirs["params"], strict=True):
-                    src, dst = opt.state.get(p, {}), shared.state.setdefault(q, {})
-                    for key, value in src.items():
-                        if isinstance(value, torch.Tensor) and isinstance(
-                            dst.get(key), torch.Tensor
-                        ):
-                            dst[key].copy_(value)
-                        else:
-                            dst[key] = value
-        self._synced = time.monotonic()
 
 
 class Staging:

@@ -1,0 +1,206 @@
+"""The child runtime: how a plugin's worker or train function runs, on every backend.
+
+:func:`run_child` is the one place a child's life is written: torch threads, seeding, the GPU
+learner (the train process's model and optimizers copied to its ``--device``, their state
+copied back for checkpoints), the first heartbeat, the function, and its crash report. A
+backend only says where that runs (a spawned process, a Ray actor, a thread taking turns) and
+what happens to the result.
+"""
+
+from __future__ import annotations
+
+import copy
+import cProfile
+import random
+import time
+import traceback
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import attrs
+import numpy as np
+import torch
+
+from mprl.context import Channel, Context, objects_of
+from mprl.device import resolve_device
+from mprl.errors import UsageError
+
+#: how often a learner on a GPU copies its optimizer state back to the shared (checkpointed) one
+SYNC_S = 2.0
+
+
+@attrs.frozen
+class ChildExit:
+    """How a plugin's function ended: ``code`` 0 when it returned, else the exit code it asked
+    for (``SystemExit``) or 1 with the ``traceback`` of what it raised."""
+
+    code: int
+    traceback: str = ""
+
+
+@attrs.frozen
+class Trained:
+    """The model and optimizers a child's function trains: the shared ones, or their copies on
+    the train process's device. ``optimizer`` is ``make_optimizer``'s, ``optimizers`` the
+    named ones."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer | None
+    optimizers: Mapping[str, torch.optim.Optimizer]
+
+
+def seed_process(seed: int) -> None:
+    """Seed ``random``, numpy and torch of the process (or serial turn) about to run."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def run_child(
+    fn: Callable[[Context], None],
+    ctx: Context,
+    *,
+    threads: int = 0,
+    stopped: tuple[type[BaseException], ...] = (),
+    on_ready: Callable[[Context, Trained], None] | None = None,
+    profile_to: str | None = None,
+) -> ChildExit:
+    """Run ``fn(ctx)`` as a child of a run and report how it ended; never raises.
+
+    :param threads: torch's intra-op threads (0: leave as is).
+    :param stopped: exceptions that mean the run stopped while the function waited (serial).
+    :param on_ready: called with the context ``fn`` gets and what it trains, before ``fn``.
+    :param profile_to: run ``fn`` under cProfile and write its stats there.
+    """
+    try:
+        if threads:
+            torch.set_num_threads(threads)
+        seed_process(ctx.seed)
+        ctx, trained, learner = _on_device(ctx)
+        if on_ready is not None:
+            on_ready(ctx, trained)
+        ctx.heartbeat()
+        if profile_to is None:
+            fn(ctx)
+        else:
+            profile = cProfile.Profile()
+            try:
+                profile.runcall(fn, ctx)
+            finally:
+                profile.dump_stats(profile_to)
+        if learner is not None:
+            learner.sync()  # its optimizer state, for the final checkpoint
+    except stopped:
+        pass  # it was waiting when the run stopped: what SIGTERM is to a spawned process
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+        return ChildExit(code, traceback.format_exc() if code else "")
+    except BaseException:  # every way a function can fail is reported
+        return ChildExit(1, traceback.format_exc())
+    return ChildExit(0)
+
+
+def _on_device(ctx: Context) -> tuple[Context, Trained, DeviceLearner | None]:
+    """The context ``fn`` gets: for a train process whose ``--device`` is not the CPU, with
+    its model and optimizers copied there and a channel that copies the optimizer state back."""
+    model, optimizer, optimizers = objects_of(ctx)
+    device = resolve_device(ctx.run.device)
+    if ctx.role != "trainer" or device.type == "cpu":
+        return ctx, Trained(model, optimizer, optimizers), None
+    shared = dict(optimizers)
+    if optimizer is not None:
+        shared[""] = optimizer
+    learner = DeviceLearner(model, shared, device)
+    named = {k: v for k, v in learner.optimizers.items() if k}
+    trained = Trained(learner.model, learner.optimizers.get(""), named)
+    ctx = attrs.evolve(
+        ctx,
+        model=trained.model,
+        optimizer=trained.optimizer,
+        optimizers=named,
+        channel=_Syncing(ctx.channel, learner),
+    )
+    return ctx, trained, learner
+
+
+class _Syncing:
+    """A channel that lets a GPU learner copy its optimizer state back every :data:`SYNC_S`
+    seconds, at the stop checks the train function makes anyway."""
+
+    def __init__(self, channel: Channel, learner: DeviceLearner) -> None:
+        self._channel, self._learner = channel, learner
+
+    def should_stop(self, slot: int) -> bool:
+        self._learner.maybe_sync()
+        return self._channel.should_stop(slot)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._channel, name)
+
+
+def _on(
+    shared: torch.optim.Optimizer, params: Mapping[torch.nn.Parameter, torch.nn.Parameter]
+) -> torch.optim.Optimizer:
+    """A copy of ``shared`` over the parameters ``params`` maps its own to, state included."""
+    groups = [
+        {**group, "params": [params[p] for p in group["params"]]} for group in shared.param_groups
+    ]
+    try:
+        copied = type(shared)(groups, **shared.defaults)
+    except TypeError as exc:
+        raise UsageError(
+            f"--device: the optimizer {type(shared).__name__} cannot be rebuilt on the device "
+            f"from its defaults ({exc}); use --device cpu"
+        ) from None
+    copied.load_state_dict(shared.state_dict())  # the state moves to the parameters' device
+    return copied
+
+
+class DeviceLearner:
+    """Copies of the shared model and optimizers on ``device``, for the train process: the
+    workers keep acting on the shared CPU model, which ``weights.publishing(model)`` updates at
+    the end of each update, and :meth:`sync` copies the optimizer state back.
+
+    :param model: the shared model.
+    :param optimizers: the shared optimizers (over the shared model's parameters).
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizers: Mapping[str, torch.optim.Optimizer],
+        device: torch.device,
+    ) -> None:
+        self.device = device
+        self.shared_model = model
+        self.model = copy.deepcopy(model).to(device)
+        params = dict(zip(model.parameters(), self.model.parameters(), strict=True))
+        self.shared = dict(optimizers)
+        self.optimizers = {name: _on(opt, params) for name, opt in self.shared.items()}
+        self._synced = time.monotonic()
+
+    def maybe_sync(self) -> None:
+        """:meth:`sync` if it has not run for :data:`SYNC_S` seconds."""
+        if time.monotonic() - self._synced >= SYNC_S:
+            self.sync()
+
+    @torch.no_grad()
+    def sync(self) -> None:
+        """Copy the optimizers' state (moments, step counts, learning rates) back to the shared
+        ones, which the main process checkpoints."""
+        for name, opt in self.optimizers.items():
+            shared = self.shared[name]
+            for mine, theirs in zip(opt.param_groups, shared.param_groups, strict=True):
+                for key, value in mine.items():
+                    if key != "params":
+                        theirs[key] = value
+                for p, q in zip(mine["params"], theirs["params"], strict=True):
+                    src, dst = opt.state.get(p, {}), shared.state.setdefault(q, {})
+                    for key, value in src.items():
+                        if isinstance(value, torch.Tensor) and isinstance(
+                            dst.get(key), torch.Tensor
+                        ):
+                            dst[key].copy_(value)
+                        else:
+                            dst[key] = value
+        self._synced = time.monotonic()

@@ -1,0 +1,142 @@
+"""What the backends that start operating-system processes share: how a child process starts
+(its name, signals, the parent-death watch), what it cleans up when the main process dies, and
+the Manager server that holds a run's Manager kinds (the local backend's on a Unix socket, the
+Ray backend's on TCP with the run's key)."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import glob
+import multiprocessing as mp
+import os
+import shutil
+import signal
+import threading
+from collections.abc import Iterator, Sequence
+from multiprocessing.managers import SyncManager
+from pathlib import Path
+from typing import Any
+
+from mprl.backends.base import describe_exit
+from mprl.run_types import ChildFailure
+
+PARENT_DIED_EXIT = 70  # a child's exit code when it left because the main process died
+_BLOCKED = {signal.SIGINT, signal.SIGTERM}  # while a child starts
+
+
+def set_process_name(name: str) -> None:
+    """Show ``name`` in ps / top (Linux: the 15-character comm field)."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None).prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME
+
+
+def remove_leftovers(leftovers: Sequence[str]) -> None:
+    """What a run leaves when its main process is killed: files matching the patterns are
+    removed (a ``.stack`` file only when empty: it may hold a hung child's stack), directories
+    only when empty, in the order given; and this process's own ``/tmp/pymp-*`` directory
+    (the Manager server's listening socket is in it)."""
+    for pattern in leftovers:
+        for path in glob.glob(pattern):
+            with contextlib.suppress(OSError):
+                if os.path.isdir(path):
+                    os.rmdir(path)
+                elif not path.endswith(".stack") or not os.path.getsize(path):
+                    os.unlink(path)
+    tempdir = mp.current_process()._config.get("tempdir")  # type: ignore[attr-defined]
+    if tempdir:
+        shutil.rmtree(tempdir, ignore_errors=True)
+
+
+def init_child(name: str, ignore_sigterm: bool = False, leftovers: Sequence[str] = ()) -> None:
+    """First thing in every child process, the Manager server included.
+
+    Ctrl-C reaches the whole process group, but only the main process decides what it means.
+    SIGINT and SIGTERM arrive blocked (:func:`child_environment`); they are unblocked once
+    SIGINT is ignored (and SIGTERM, for the Manager server), so a signal to the group while a
+    child is still starting does not kill it halfway. If the main process dies without stopping
+    us (SIGKILL, OOM), exit: nothing else would.
+    """
+    set_process_name(name)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if ignore_sigterm:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _BLOCKED)
+    parent = mp.parent_process()
+    if parent is not None:
+
+        def exit_with_parent() -> None:
+            parent.join()  # returns when the parent's end of the sentinel pipe closes
+            remove_leftovers(leftovers)
+            os._exit(PARENT_DIED_EXIT)
+
+        threading.Thread(target=exit_with_parent, name="mprl-parent-watch", daemon=True).start()
+
+
+def _init_manager(name: str, leftovers: Sequence[str]) -> None:
+    """First thing in the Manager server: as any child, and SIGTERM ignored too. A SIGTERM to the
+    whole process group (``kill -TERM -PGID``, ``docker stop``) is the main process's to act on:
+    it stops the run cleanly, with the shared state still there for the final checkpoint, then
+    shuts the server down (which kills it if it does not go)."""
+    init_child(name, ignore_sigterm=True, leftovers=leftovers)
+
+
+@contextlib.contextmanager
+def child_environment(threads: int) -> Iterator[None]:
+    """What spawned children start with: thread counts, and SIGINT and SIGTERM blocked.
+
+    The signal mask survives exec, so a Ctrl-C while a child is still importing cannot print a
+    KeyboardInterrupt traceback there, and a SIGTERM to the process group cannot kill the
+    Manager server before it answers; the main process gets them once starting is over.
+    """
+    saved = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    for key in saved:
+        os.environ.setdefault(key, str(threads))
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, _BLOCKED)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+class ManagerServer:
+    """The run's Manager server, a spawned child of the main process.
+
+    :param address: where it listens: ``None`` for a Unix socket in a temporary directory,
+        ``(host, 0)`` for TCP on ``host``.
+    :param authkey: the key clients must hold (``None``: this process's).
+    :param leftovers: what it removes if the main process dies (:func:`remove_leftovers`).
+    """
+
+    def __init__(
+        self,
+        address: Any = None,
+        authkey: bytes | None = None,
+        leftovers: Sequence[str] = (),
+        threads: int = 1,
+    ) -> None:
+        self.manager = SyncManager(address=address, authkey=authkey, ctx=mp.get_context("spawn"))
+        with child_environment(threads):
+            self.manager.start(initializer=_init_manager, initargs=("mprl-manager", leftovers))
+        self.process: Any = self.manager._process  # type: ignore[attr-defined]
+
+    def failure(self) -> ChildFailure | None:
+        """The report of a server that died: every Manager kind of the run is lost with it."""
+        code = self.process.exitcode
+        if code is None:
+            return None
+        return ChildFailure(
+            "Manager server", -1, code, f"{describe_exit(code)} (shared state is lost)"
+        )
+
+    def shutdown(self) -> None:
+        """Stop the server (killed if it does not go) and remove its socket's directory."""
+        self.manager.shutdown()
+        listener = Path(str(self.manager.address))
+        if listener.parent.name.startswith("pymp-"):  # a killed server leaves it
+            shutil.rmtree(listener.parent, ignore_errors=True)
