@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import multiprocessing.process
+import multiprocessing.util
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -17,11 +20,58 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from mprl.host.plugins import PluginManager, get_plugin_manager
 
 HERE = Path(__file__).parent
 REPO = HERE.parent
+
+
+#: the tiers of the suite, by folder: ``pytest tests/unit`` (or ``-m unit``) is the inner loop
+TIERS = ("unit", "integration", "slow")
+
+
+def tier(item: pytest.Item) -> str | None:
+    """The tier of a test: the folder under ``tests/`` it is in."""
+    try:
+        first = item.path.relative_to(HERE).parts[0]
+    except ValueError:
+        return None
+    return first if first in TIERS else None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The tests' own process computes too (serial runs, learner updates in unit tests): with
+    one torch thread, as each child of a run has, a busy machine (other tests beside it under
+    pytest-xdist, another run) cannot make torch's thread pool spin-wait for a core."""
+    torch.set_num_threads(1)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark each test with its tier (``-m unit``, ``-m "not slow"``), and run the slow tier first,
+    then integration, then unit: under pytest-xdist the longest tests start first and the short
+    ones fill in around them."""
+    for item in items:
+        if (name := tier(item)) is not None:
+            item.add_marker(name)
+    items.sort(key=lambda item: TIERS[::-1].index(tier(item) or "unit"))
+
+
+@pytest.fixture(autouse=True)
+def _unit_starts_no_process(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A unit test starts no process at all (no spawn, no subprocess, no Manager server, no Ray):
+    one that does belongs in ``tests/integration``."""
+    if tier(request.node) != "unit":
+        return
+
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError(
+            "a unit test starts no process: move it to tests/integration (or tests/slow)"
+        )
+
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", refuse)
+    monkeypatch.setattr(subprocess.Popen, "_execute_child", refuse)
 
 
 def write_distribution(
@@ -203,6 +253,30 @@ def shm_entries() -> set[str]:
     return {p.name for p in shm.iterdir()} if shm.exists() else set()
 
 
+def shm_holders(names: set[str]) -> dict[str, set[int]]:
+    """For each of ``names`` (entries of ``/dev/shm``), the live processes that map it or hold
+    it open (a POSIX semaphore or a shared tensor is mapped by every process that uses it)."""
+    out: dict[str, set[int]] = {name: set() for name in names}
+    paths = {f"/dev/shm/{name}": name for name in names}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or not alive(int(entry.name)):
+            continue
+        pid = int(entry.name)
+        try:
+            for line in (entry / "maps").read_text().splitlines():
+                at = line.find("/dev/shm/")
+                if at >= 0 and line[at:] in paths:
+                    out[paths[line[at:]]].add(pid)
+            for fd in (entry / "fd").iterdir():
+                with contextlib.suppress(OSError):
+                    target = os.readlink(fd)
+                    if target in paths:
+                        out[paths[target]].add(pid)
+        except OSError:
+            continue
+    return out
+
+
 def marked_pids(mark: str) -> list[int]:
     """Live processes whose environment holds ``MPRL_TEST_MARK=mark``: every process a test
     started, however deep, even after its parent died and it was re-parented to init."""
@@ -219,12 +293,15 @@ def marked_pids(mark: str) -> list[int]:
     return out
 
 
-def temp_leftovers() -> set[str]:
-    """Temp files a run may leave: torch's error files, mprl's temp run directories, and
-    multiprocessing's directories (a Manager server's listening socket is in one)."""
-    tmp = Path(tempfile.gettempdir())
-    patterns = ("pytorch-errorfile-*", "mprl-*", "pymp-*")
-    return {p.name for pattern in patterns for p in tmp.glob(pattern)}
+#: what a run may leave in the temp dir: torch's error files, mprl's temp run directories, and
+#: multiprocessing's directories (a Manager server's listening socket is in one)
+TEMP_PATTERNS = ("pytorch-errorfile-*", "mprl-*", "pymp-*")
+
+
+def temp_leftovers(tmp: Path | None = None) -> set[str]:
+    """Temp files a run may leave in ``tmp`` (the temp dir of this process by default)."""
+    tmp = Path(tempfile.gettempdir()) if tmp is None else tmp
+    return {p.name for pattern in TEMP_PATTERNS for p in tmp.glob(pattern)}
 
 
 def clean_stderr(stderr: str) -> None:
@@ -233,26 +310,71 @@ def clean_stderr(stderr: str) -> None:
     assert "KeyboardInterrupt" not in stderr, stderr
 
 
-@pytest.fixture(autouse=True)
-def no_leftovers(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Every test must leave no process (child or orphan), shared-memory segment, semaphore or
-    temp file behind."""
-    mark = uuid.uuid4().hex
-    monkeypatch.setenv("MPRL_TEST_MARK", mark)
-    before, tmp_before = shm_entries(), temp_leftovers()
-    yield
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
+class Leftovers:
+    """What one test left behind, counting only what the test itself made: its processes (the
+    descendants of this process, and every process carrying the test's ``MPRL_TEST_MARK``, even
+    one re-parented to init), the ``/dev/shm`` entries that appeared during the test and that no
+    other process holds, and the files in the test's own temp dir. Another mprl run on the
+    machine, or another pytest-xdist worker, is never counted: its processes carry no mark of
+    this test and are not our descendants, the shared memory it uses is held by its processes,
+    and its temp files are in its own temp dir."""
+
+    def __init__(self, mark: str, tmp: Path) -> None:
+        self.mark, self.tmp, self.shm_before = mark, tmp, shm_entries()
+
+    def ours(self) -> set[int]:
+        return {os.getpid(), *child_pids(os.getpid()), *marked_pids(self.mark)}
+
+    def processes(self) -> tuple[list[int], list[int]]:
+        """(children of this process, orphans of the test), the resource tracker left out."""
         kids = _non_tracker(child_pids(os.getpid()))
-        orphans = [p for p in marked_pids(mark) if p not in child_pids(os.getpid())]
-        if not kids and not orphans:
-            break
-        time.sleep(0.1)
-    new_shm = shm_entries() - before
-    assert not kids, f"processes left behind: {[(k, _cmdline(k)) for k in kids]}"
-    assert not orphans, f"orphaned processes left behind: {[(k, _cmdline(k)) for k in orphans]}"
-    assert not new_shm, f"shared memory left behind: {sorted(new_shm)}"
-    assert not temp_leftovers() - tmp_before, f"temp files left: {temp_leftovers() - tmp_before}"
+        return kids, [p for p in marked_pids(self.mark) if p not in kids]
+
+    def shm(self) -> set[str]:
+        """New ``/dev/shm`` entries that are not another process's."""
+        new = shm_entries() - self.shm_before
+        if not new:
+            return set()
+        ours = self.ours()
+        return {name for name, pids in shm_holders(new).items() if not pids - ours}
+
+    def check(self, timeout: float = 10) -> None:
+        """Wait up to ``timeout`` s for what the test made to go, then fail naming what did not."""
+        deadline = time.monotonic() + timeout
+        while True:
+            (kids, orphans), shm = self.processes(), self.shm()
+            # a name with no holder may be another process's between creating and mapping it,
+            # or between unmapping and unlinking it: it has to stay to count
+            if (not kids and not orphans and not shm) or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert not kids, f"processes left behind: {[(k, _cmdline(k)) for k in kids]}"
+        assert not orphans, f"orphaned processes left behind: {[(k, _cmdline(k)) for k in orphans]}"
+        assert not shm, f"shared memory left behind: {sorted(shm)}"
+        left = temp_leftovers(self.tmp)
+        assert not left, f"temp files left: {left}"
+
+
+@pytest.fixture(autouse=True)
+def no_leftovers(
+    monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[None]:
+    """Every test must leave no process (child or orphan), shared-memory segment, semaphore or
+    temp file behind. The test (and every process it starts) gets a temp dir of its own
+    (``TMPDIR``), so a leftover is the test's own whatever else runs beside it."""
+    tmp_path_factory.getbasetemp()  # pytest's own temp dirs stay where they are
+    multiprocessing.util.get_temp_dir()  # and so does this process's own pymp-* directory
+    mark = uuid.uuid4().hex
+    tmp = Path(tempfile.mkdtemp(prefix="mprlt-"))  # short: a Manager's socket path is in it
+    monkeypatch.setenv("MPRL_TEST_MARK", mark)
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    leftovers = Leftovers(mark, tmp)
+    try:
+        yield
+        leftovers.check()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 @pytest.fixture

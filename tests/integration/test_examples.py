@@ -114,13 +114,3 @@ def test_the_seed_example_runs_in_spawned_processes_and_stops_its_waits(seed_sit
     assert summary["shutdown_s"] < 2 and "sending SIGTERM" not in proc.stderr
     losses = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r for r in losses if "loss" in r]
-
-
-@pytest.mark.slow
-def test_the_seed_example_solves_cartpole_through_the_cli(seed_site, tmp_path):
-    run_dir = tmp_path / "run"
-    proc = cli("run", "--plugin", "seed", "--workers", "2", "--total-steps", "2000000",
-               "--run-dir", str(run_dir), "--quiet", env=_with(seed_site), timeout=600)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["solved"] and summary["stop_reason"] == "solved", summary

@@ -14,10 +14,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from mprl.backends.local import preflight
-from mprl.errors import UsageError
-from mprl.host.monitor import EpisodeThinning
-from mprl.tools.report import read_run
 from tests.conftest import (
     child_pids,
     clean_stderr,
@@ -206,26 +202,6 @@ def test_every_file_of_a_run_has_the_mode_the_umask_gives(installed, run_dir):
     assert {oct(p.stat().st_mode & 0o777) for p in files} == {oct(0o666 & ~mask)}
 
 
-# 8: too many workers for the machine, and "interrupted" whatever happened after the stop
-def test_more_workers_than_the_memory_holds_is_refused_before_anything_starts(
-    installed, tmp_path, capsys
-):
-    code, err = cli_here(capsys, "run", *probe(tmp_path / "run", workers=1000))
-    assert code == 2 and "Use fewer workers (--workers" in err and "MiB each" in err, err
-    assert not (tmp_path / "run").exists()
-
-
-def test_memory_and_core_notes_before_a_crowded_run():
-    each = preflight.CHILD_BYTES
-    with pytest.raises(UsageError, match=r"more than the 0.9 GiB this machine has available"):
-        preflight.check_memory(10, available=int(5.8 * each))
-    notes = preflight.check_memory(10, available=11 * each)
-    assert [n for n in notes if "1.6 GiB of the 1.7 GiB available: the machine may start" in n]
-    cores = os.cpu_count() or 1
-    assert any(f"on {cores} cores" in n for n in preflight.check_memory(4 * cores + 1, 10**15))
-    assert preflight.check_memory(2, available=10**15) == []
-
-
 def test_a_run_stopped_by_the_user_is_interrupted_even_when_a_child_fails_after(installed, run_dir):
     with running(probe(run_dir, "fault=raise_at_stop", "fault_rank=1")) as proc:
         wait_for_metrics(run_dir, lambda r: "episode_return" in r)
@@ -235,29 +211,3 @@ def test_a_run_stopped_by_the_user_is_interrupted_even_when_a_child_fails_after(
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "interrupted" and summary["failures"][0]["rank"] == 1
     assert "RuntimeError: injected failure in worker:1" in stderr  # still reported
-
-
-# 17: a long fast run writes a bounded stream of episode records
-def test_episodes_past_the_budget_are_summed_up_per_source_and_read_back_weighted(tmp_path):
-    thin = EpisodeThinning(full=False, rate=0.0, burst=3, every_s=3600)
-    episodes = [
-        {"source": f"worker:{i % 2}", "step": 10 * i, "wall": float(i), "episode_return": float(i),
-         "episode_length": i}
-        for i in range(9)
-    ]  # fmt: skip
-    kept = [e for e in episodes if thin.keep(e)]
-    assert kept == episodes[:3] and thin.due() == []  # not due yet
-    summed = {r["source"]: r for r in thin.due(force=True)}
-    assert summed["worker:1"] == {
-        "source": "worker:1", "step": 70, "wall": 7.0, "episode_return": 5.0,
-        "episode_length": 5.0, "episode_count": 3, "episode_return_min": 3.0,
-        "episode_return_max": 7.0,
-    }  # fmt: skip
-    assert summed["worker:0"]["episode_count"] == 3 and thin.due(force=True) == []
-    assert all(EpisodeThinning(full=True, rate=0, burst=0).keep(e) for e in episodes)
-    # the run's tools read a summed-up record as that many episodes
-    run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    lines = [*kept, *summed.values()]
-    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
-    assert len(read_run(run_dir).episodes) == 9

@@ -8,12 +8,10 @@ import sys
 
 import attrs
 import gymnasium as gym
-import pytest
 import torch
 from torch import nn
 
 import mprl
-from mprl.errors import PluginError
 from mprl.host.checkpoint import load
 from mprl.testing import plugin_manager
 
@@ -101,16 +99,3 @@ def test_two_named_optimizers_are_shared_checkpointed_and_resumed(tmp_path):
     starts = [r["adam_step"] for r in records if "adam_step" in r]
     assert starts == [1, steps + 1]  # the resumed Adam counted on from its checkpoint
     assert int(after["optimizers"]["policy"]["state"][0]["step"]) > steps
-
-
-def test_named_optimizers_are_checked_when_registered():
-    with pytest.raises(PluginError, match=r"optimizers\['aux'\]'? .*lambda"):
-        mprl.Algorithm(
-            name="x", config_cls=Config, make_model=make_model, worker=worker,
-            optimizers={"aux": lambda model, config: None},
-        )  # fmt: skip
-    with pytest.raises(PluginError, match="name 'two words' must be a Python identifier"):
-        mprl.Algorithm(
-            name="x", config_cls=Config, make_model=make_model, worker=worker,
-            optimizers={"two words": aux_optimizer},
-        )  # fmt: skip

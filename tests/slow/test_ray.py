@@ -26,12 +26,13 @@ import torch
 
 from tests.conftest import (
     HERE,
+    Leftovers,
+    child_pids,
     clean_stderr,
     cli,
     marked_pids,
     read_metrics,
     running,
-    shm_entries,
     wait_for_metrics,
     write_distribution,
 )
@@ -39,7 +40,7 @@ from tests.conftest import (
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.xdist_group("ray")  # one worker: one cluster, on fixed resources
 
 WORKER = ["--worker-cpus", "2"]  # a whole node each: two workers, two nodes
 #: entry points of the test plugins every node has installed
@@ -47,17 +48,18 @@ PLUGINS = {"raytest": "mprl_raytest", "testplugin": "mprl_testplugin", "dqn": "m
 
 
 def _ray_processes(title: str) -> list[int]:
-    """Live processes whose command line starts with ``ray::TITLE`` (an actor's process)."""
+    """Live processes of this module's cluster (descendants of this process: the cluster's nodes
+    are our children) whose command line starts with ``ray::TITLE`` (an actor's process); another
+    Ray cluster on the machine is not ours to count."""
     out = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+    for pid in child_pids(os.getpid()):
+        entry = Path("/proc") / str(pid)
         try:
             cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
         except OSError:
             continue
         if cmd.startswith(f"ray::{title}"):
-            out.append(int(entry.name))
+            out.append(pid)
     return out
 
 
@@ -97,18 +99,19 @@ def no_leftovers(monkeypatch: pytest.MonkeyPatch, cluster: Cluster) -> Iterator[
     no actor process of a run, no process the test started, no new shared memory."""
     mark = uuid.uuid4().hex
     monkeypatch.setenv("MPRL_TEST_MARK", mark)
-    before = shm_entries()
+    leftovers = Leftovers(mark, Path(tempfile.gettempdir()))
     yield
     deadline = time.monotonic() + 15  # Ray reaps a killed actor's process asynchronously
     while time.monotonic() < deadline:
         actors = _ray_processes("ChildActor") + _ray_processes("Hub")
         orphans = marked_pids(mark)
-        if not actors and not orphans:
+        shm = leftovers.shm()  # new entries no process outside this test holds
+        if not actors and not orphans and not shm:
             break
         time.sleep(0.2)
     assert not actors, f"actor processes left behind: {actors}"
     assert not orphans, f"processes left behind: {orphans}"
-    assert not shm_entries() - before, f"shared memory left: {shm_entries() - before}"
+    assert not shm, f"shared memory left: {sorted(shm)}"
 
 
 def run_ray(cluster: Cluster, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:

@@ -9,7 +9,6 @@ import importlib
 import importlib.util
 import inspect
 import re
-import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -158,14 +157,6 @@ def test_check_names_the_stale_file(
     err = capsys.readouterr().err
     assert f"{hooks} is stale: run `python docs/generate.py`" in err
     assert f"{tmp_path / 'schema.md'} is stale" in err
-
-
-def test_generate_runs_as_a_script() -> None:
-    proc = subprocess.run(
-        [sys.executable, "docs/generate.py", "--check"],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert (proc.returncode, proc.stderr) == (0, "")
 
 
 def _sections(text: str, level: str) -> dict[str, str]:
@@ -355,6 +346,23 @@ def test_mprl_register_backends_example(
     backend = pm.backend("quiet-local")
     assert isinstance(backend, LocalBackend) and backend is not pm.backend("quiet-local")
     assert {"local", "serial"} <= set(pm.backends())  # the built-ins are still there
+
+
+def test_mprl_register_options_example(
+    load_example: Callable[[str], tuple[PluginManager, ModuleType]],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    pm, module = load_example("mprl_register_options")
+    options = pm.run_options()
+    assert options.owners["slack_channel"] == pm.get_name(module)
+    run = options.build({"slack_channel": "#runs", "workers": 2})
+    assert run.workers == 2 and run.of(module.SlackOptions).slack_channel == "#runs"
+    with pytest.raises(mprl.ConfigError, match="'slack_channel' expects str"):
+        options.build({"slack_channel": 3})
+    info = attrs.evolve(run_info(tmp_path), run=run)
+    pm.hook.mprl_run_end(run=info, summary={"status": "finished"})
+    assert "to #runs: greedy finished" in capsys.readouterr().out
 
 
 def test_mprl_run_start_example(

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import resource
 import shutil
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -27,34 +24,3 @@ def test_more_shared_memory_than_dev_shm_has_is_refused_with_the_fix():
     with pytest.raises(UsageError, match=r"/dev/shm has [\d,]+ MiB free.*--shm-size"):
         preflight.check(shm_bytes=free + 2**30, storages=10, processes=3)
     assert preflight.check(shm_bytes=min(free // 2, 2**20), storages=10, processes=3) == []
-
-
-def _limited(soft: int, hard: int):
-    def limit() -> None:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-
-    return limit
-
-
-def _run(installed, run_dir, soft: int, hard: int, tensors: int):
-    args = ["--plugin", "probe", "--workers", "1", "--total-steps", "100", "--quiet"]
-    args += ["--run-dir", str(run_dir), "--set", f"model_tensors={tensors}"]
-    return subprocess.run(
-        [sys.executable, "-m", "mprl", "run", *args],
-        capture_output=True, text=True, timeout=120, preexec_fn=_limited(soft, hard),
-    )  # fmt: skip
-
-
-def test_too_low_open_file_limit_is_refused_before_starting(installed, run_dir):
-    # 600 parameter tensors, each an open file under the file_descriptor strategy
-    proc = _run(installed, run_dir, 400, 400, tensors=600)
-    assert proc.returncode == 2, proc.stderr
-    assert "open-file limit is 400 (`ulimit -Hn`)" in proc.stderr
-    assert "ulimit -n" in proc.stderr and "set_sharing_strategy('file_system')" in proc.stderr
-    assert not run_dir.exists()
-
-
-def test_a_low_soft_limit_is_raised_and_the_run_goes_on(installed, run_dir):
-    proc = _run(installed, run_dir, 400, 8192, tensors=600)
-    assert proc.returncode == 0, proc.stderr
-    assert "raised the open-file limit from 400 to" in proc.stderr

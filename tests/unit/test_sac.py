@@ -5,7 +5,6 @@ counters, optimizers and replay buffer, and the Discrete action spaces it refuse
 from __future__ import annotations
 
 import contextlib
-import json
 
 import gymnasium as gym
 import numpy as np
@@ -14,14 +13,11 @@ import torch
 
 import mprl_sac
 from mprl.errors import UsageError
-from mprl.host.checkpoint import load
 from mprl.testing import SerialResult, run_serial
 from mprl_sac import SACConfig
 from mprl_sac.algorithm import make_model
-from tests.conftest import cli, cli_here, read_metrics
+from tests.conftest import cli_here
 
-# small networks and batches: a serial run on two shared cores learns Pendulum in seconds
-SMALL = {"hidden": [64, 64], "lr": 1e-3, "batch_size": 128, "learning_starts": 1000}
 TINY = {"hidden": [32, 32], "batch_size": 64, "learning_starts": 300, "buffer_size": 5000}
 
 
@@ -93,28 +89,6 @@ def test_a_discrete_env_is_refused_naming_what_sac_takes(capsys):
     assert code == 2 and "field 'ent_coef'" in err
 
 
-@pytest.mark.slow
-def test_sac_learns_pendulum_in_a_serial_run():
-    result = sac_serial(total_steps=8000, seed=0, config=SMALL)
-    returns = result.episode_returns
-    assert len(returns) == 40  # 200 steps each: every episode ends by the time limit
-    assert np.mean(returns[:5]) < -700  # the random actions of the first 1000 steps
-    assert np.mean(returns[-10:]) > -400, returns  # (-229 here, -133 and -136 with seeds 1, 2)
-    state = result.state
-    # a time-limit truncation is no terminal state: nothing is marked done, all bootstraps
-    assert state.replay.size() == 8000 and float(state.replay.buffers["done"].sum()) == 0.0
-    assert state.replay.buffers["action"].abs().max() <= 1.0  # the policy's units, squashed
-    # one update per env step after learning_starts (serial: the learner keeps level)
-    assert 8000 - 1000 - SACConfig().max_lead <= state.updates.value <= 8000 - 1000
-    assert state.updates.value == state.weights.version  # each update published the policy
-    learner = [r for r in result.records if r["source"] == "trainer"]
-    assert learner and learner[-1]["updates"] == state.updates.value
-    assert 0.0 < learner[-1]["alpha"] < 1.0  # tuned down from 1 towards the target entropy
-    # the target critics trail the critics (Polyak averaging), they are no copy of them
-    critic, target = result.model.critic.state_dict(), state.target.critic.state_dict()
-    assert all(not torch.equal(critic[k], target[k]) for k in critic)
-
-
 def test_a_serial_run_repeats_exactly_for_a_seed():
     config = {**TINY, "learning_starts": 200}
     runs = [sac_serial(total_steps=800, workers=2, seed=seed, config=config) for seed in (4, 4, 5)]
@@ -127,48 +101,3 @@ def test_a_serial_run_repeats_exactly_for_a_seed():
     fixed = sac_serial(total_steps=400, seed=4, config={**config, "ent_coef": 0.05})
     alphas = [r["alpha"] for r in fixed.records if "alpha" in r]
     assert alphas and all(alpha == pytest.approx(0.05) for alpha in alphas)  # not tuned
-
-
-def test_a_spawned_run_resumes_with_its_target_counters_optimizers_and_replay(tmp_path):
-    run_dir = tmp_path / "run"
-    sets = [f"--set={k}={v}" for k, v in TINY.items()]
-    first = cli(
-        "run", "--plugin", "sac", "--workers", "2", "--total-steps", "1500",
-        "--run-dir", str(run_dir), "--quiet", *sets,
-    )  # fmt: skip
-    assert first.returncode == 0, first.stderr
-    _, before = load(run_dir)
-    shared = before["shared_state"]
-    assert set(shared) == {"replay", "weights", "target", "updates"}
-    assert int(shared["replay"]["heads"].sum()) == before["env_steps"]  # a row per step
-    updates = shared["updates"]
-    assert updates == shared["weights"]["version"] > 0
-    assert set(before["optimizers"]) == {"actor", "critic", "alpha"}
-    for opt in before["optimizers"].values():  # each Adam stepped once per update
-        assert {int(s["step"]) for s in opt["state"].values()} == {updates}
-    target = {
-        k[len("critic.") :]: v for k, v in shared["target"].items() if k.startswith("critic.")
-    }
-    critic = {k[len("critic.") :]: v for k, v in before["model"].items() if k.startswith("critic.")}
-    assert target.keys() == critic.keys()
-    assert all(not torch.equal(target[k], critic[k]) for k in critic)  # trailing, not a copy
-
-    again = cli("run", "--resume", str(run_dir), "--total-steps", "2500", "--quiet")
-    assert again.returncode == 0, again.stderr
-    _, after = load(run_dir)
-    now = after["shared_state"]
-    assert after["env_steps"] >= 2500
-    assert int(now["replay"]["heads"].sum()) == after["env_steps"]  # the rings counted on
-    assert now["updates"] == now["weights"]["version"] > updates
-    for opt in after["optimizers"].values():  # the optimizers' state carried on too
-        assert {int(s["step"]) for s in opt["state"].values()} == {now["updates"]}
-    assert any(not torch.equal(now["target"][k], shared["target"][k]) for k in shared["target"])
-    # the resumed learner counts on from the saved updates: no second warm-up from zero
-    learner = [r for r in read_metrics(run_dir) if r["source"] == "trainer" and "updates" in r]
-    resumed_at = max(i for i, r in enumerate(read_metrics(run_dir)) if r.get("event") == "resume")
-    later = [r for r in read_metrics(run_dir)[resumed_at:] if r in learner]
-    assert later and min(r["updates"] for r in later) > updates
-    events = [r.get("event") for r in read_metrics(run_dir)]
-    assert "resume" in events and "state-not-restored" not in events
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["session"] == 1 and summary["status"] == "finished"

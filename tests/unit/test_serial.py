@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 import threading
 
@@ -17,7 +16,6 @@ from mprl.errors import RunFailed
 from mprl.host.plugins import get_plugin_manager
 from mprl.lib.nets import make_model, make_optimizer
 from mprl.testing import build_state
-from tests.conftest import cli
 from tests.plugins import mprl_testplugin
 
 
@@ -222,24 +220,3 @@ def test_in_process_manager_objects_work_across_real_threads():
         t.join(timeout=10)
     assert taken == [0, 1, 2] and state.count.value == 600 and list(state.slots) == [0.5, 1.5, 2.5]
     assert schema.Namespace({"mode": "x"}).snapshot(state.ns) == {"mode": "train"}
-
-
-def test_cli_serial_stops_at_breakpoint_with_a_prompt(installed, tmp_path):
-    # pdb reads this process's stdin: in a spawned child it would read /dev/null and quit
-    run_dir = tmp_path / "run"
-    proc = cli(
-        "run", "--plugin", "probe", "--serial", "--workers", "2", "--total-steps", "300",
-        "--env", "Corridor-v0", "--run-dir", str(run_dir), "--quiet",
-        "--set", "fault=breakpoint", "--set", "fault_rank=1", "--set", "fault_at_step=7",
-        stdin="p ctx.rank\nup\np steps\nc\n",
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    assert "(Pdb) 1\n" in proc.stdout and "(Pdb) 7\n" in proc.stdout  # rank 1, at step 7
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["status"] == "finished" and summary["env_steps"] >= 300
-
-
-def test_cli_serial_contradicting_backend_is_a_usage_error(installed):
-    proc = cli("run", "--plugin", "probe", "--serial", "--backend", "local")
-    assert proc.returncode == 2
-    assert "--serial and --backend local contradict each other" in proc.stderr

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from multiprocessing.managers import BaseProxy
-
 import gymnasium as gym
 import pytest
 
@@ -72,13 +70,3 @@ def test_recorder_sees_every_hook_of_a_serial_run(mprl_pm, mprl_recorder, mprl_s
     end = mprl_recorder.of("mprl_run_end")[0]
     assert end.kwargs["summary"]["env_steps"] == result.summary.env_steps >= 40
     assert end.result == [] and end.error is None
-
-
-@pytest.mark.parametrize("manager", [False, True])
-def test_state_without_and_with_a_manager(mprl_state, manager):
-    state = mprl_state(testing.registered(mprl_testplugin)["probe"], 3, manager=manager)
-    assert isinstance(state.visits, BaseProxy) is manager
-    assert list(state.visits) == [0, 0, 0] and state.seen.shape == (3,)
-    with state.lock:
-        state.visits[1] += 2
-    assert list(state.visits) == [0, 2, 0]
