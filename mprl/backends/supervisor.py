@@ -69,7 +69,7 @@ class Supervisor:
     #: the stop sequence after the stop flag: (seconds to wait, what to do to the children left)
     escalation: tuple[tuple[float, str], ...] = ((5.0, "kill"),)
     #: the end of a hung child's failure reason
-    killed = "killed"
+    kill_words = "killed"
     #: the channel the children's contexts get (``None`` when the child sets its own)
     channel: Channel | None = None
     child_type: type[Child] = Child
@@ -279,7 +279,7 @@ class Supervisor:
         code, stack = self.kill(child, hung=True)
         reason = f"hung: no heartbeat for {silent:.0f} s (--worker-timeout {timeout:g}); "
         tb = f"stack when it was killed:\n{stack}" if stack.strip() else ""
-        return failure(child.role, code, tb, reason + self.killed)
+        return failure(child.role, code, tb, reason + self.kill_words)
 
     def _restart_or_fail(self, child: Child, found: ChildFailure) -> ChildFailure | None:
         """Schedule a restart of ``child``'s rank, or return the failure that ends the run."""

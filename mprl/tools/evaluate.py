@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import statistics
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,61 @@ def evaluate(
     goes to ``out``, by default ``eval.json`` in
     the run directory (``<checkpoint>.eval.json`` next to a checkpoint file outside one).
     """
+    file, data, target = _inputs(source, episodes, video_dir, env, out)
+    pm = plugins or get_plugin_manager()
+    algo, config, env_id = _algorithm_of(pm, file, data)
+    env = make_env(pm, env_id, seed=seed, render_mode="rgb_array" if video_dir else None)
+    try:
+        act = _policy(algo, config, env, file, data["model"])
+        if video_dir is not None:
+            from gymnasium.wrappers import RecordVideo
+
+            env = RecordVideo(
+                env, str(video_dir), episode_trigger=lambda _: True, name_prefix="eval"
+            )
+        with torch.random.fork_rng(devices=[]):  # sampled actions repeat for a seed
+            torch.manual_seed(seed)
+            try:
+                returns, lengths = play_episodes([env], act, episodes, deterministic, seed)
+            except gym.error.DependencyNotInstalled as exc:  # rendering needs e.g. pygame
+                raise UsageError(f"--video: {env_id} cannot render frames: {exc}") from None
+    finally:
+        env.close()
+    result = {
+        "checkpoint": str(file),
+        "algorithm": algo.name,
+        "env": env_id,
+        "env_steps_trained": int(data.get("env_steps", 0)),
+        "episodes": episodes,
+        "deterministic": deterministic,
+        "seed": seed,
+        **_statistics(returns, lengths),
+        "video_dir": str(video_dir) if video_dir is not None else None,
+    }
+    atomic_write(target, lambda f: f.write((json.dumps(result, indent=2) + "\n").encode()))
+    result["written_to"] = str(target)
+    return result
+
+
+def _statistics(returns: list[float], lengths: list[int]) -> dict[str, Any]:
+    return {
+        "mean_return": statistics.fmean(returns),
+        "std_return": statistics.pstdev(returns),
+        "mean_length": statistics.fmean(lengths),
+        "std_length": statistics.pstdev(lengths),
+        "returns": returns,
+        "lengths": lengths,
+    }
+
+
+def _inputs(
+    source: str | Path,
+    episodes: int,
+    video_dir: str | Path | None,
+    env: str | None,
+    out: str | Path | None,
+) -> tuple[Path, dict[str, Any], Path]:
+    """The checkpoint file, its data and where the results go, each checked."""
     if episodes < 1:
         raise UsageError(f"--episodes must be at least 1, not {episodes}")
     if video_dir is not None:
@@ -58,7 +114,11 @@ def evaluate(
             f"checkpoint {str(file)!r} was trained on {data['run'].get('env')!r}, not {env!r}"
         )
     target = _checked_out(Path(out) if out is not None else _default_out(file), file)
-    pm = plugins or get_plugin_manager()
+    return file, data, target
+
+
+def _algorithm_of(pm: PluginManager, file: Path, data: dict[str, Any]) -> tuple[Any, Any, str]:
+    """The checkpoint's algorithm, its config and env id, resolved as a run would."""
     try:
         # it plays here, on the CPU; an option of a plugin not installed here is left out
         run_options = {**pm.run_options().known(data["run"]), "device": "cpu"}
@@ -68,58 +128,27 @@ def evaluate(
             f"checkpoint {str(file)!r} was written by algorithm {data['algorithm']!r} of plugin "
             f"{data['plugin']!r}: {exc}"
         ) from None
-    env = make_env(pm, run_cfg.env, seed=seed, render_mode="rgb_array" if video_dir else None)
+    return algo, config, run_cfg.env
+
+
+def _policy(algo: Any, config: Any, env: gym.Env, file: Path, weights: Any) -> Any:
+    """The checkpoint's model's ``act``, the model rebuilt by its algorithm for ``env``."""
+    model = build_model(algo, Dims(1, env.observation_space, env.action_space, config))
     try:
-        model = build_model(algo, Dims(1, env.observation_space, env.action_space, config))
-        try:
-            model.load_state_dict(data["model"])
-        except (RuntimeError, KeyError) as exc:
-            first = str(exc).strip().splitlines()[0]
-            raise UsageError(
-                f"checkpoint {str(file)!r}: its model does not fit algorithm {algo.name!r} "
-                f"({first})"
-            ) from None
-        model.eval()
-        act = getattr(model, "act", None)
-        if not callable(act):
-            raise UsageError(
-                f"algorithm {algo.name!r}: its model ({type(model).__name__}) has no "
-                "act(obs_batch, deterministic) method, which eval plays with; add one to it"
-            )
-        if video_dir is not None:
-            from gymnasium.wrappers import RecordVideo
-
-            env = RecordVideo(
-                env, str(video_dir), episode_trigger=lambda _: True, name_prefix="eval"
-            )
-        with torch.random.fork_rng(devices=[]):  # sampled actions repeat for a seed
-            torch.manual_seed(seed)
-            try:
-                returns, lengths = play_episodes([env], act, episodes, deterministic, seed)
-            except gym.error.DependencyNotInstalled as exc:  # rendering needs e.g. pygame
-                raise UsageError(f"--video: {run_cfg.env} cannot render frames: {exc}") from None
-    finally:
-        env.close()
-
-    result = {
-        "checkpoint": str(file),
-        "algorithm": algo.name,
-        "env": run_cfg.env,
-        "env_steps_trained": int(data.get("env_steps", 0)),
-        "episodes": episodes,
-        "deterministic": deterministic,
-        "seed": seed,
-        "mean_return": statistics.fmean(returns),
-        "std_return": statistics.pstdev(returns),
-        "mean_length": statistics.fmean(lengths),
-        "std_length": statistics.pstdev(lengths),
-        "returns": returns,
-        "lengths": lengths,
-        "video_dir": str(video_dir) if video_dir is not None else None,
-    }
-    atomic_write(target, lambda f: f.write((json.dumps(result, indent=2) + "\n").encode()))
-    result["written_to"] = str(target)
-    return result
+        model.load_state_dict(weights)
+    except (RuntimeError, KeyError) as exc:
+        first = str(exc).strip().splitlines()[0]
+        raise UsageError(
+            f"checkpoint {str(file)!r}: its model does not fit algorithm {algo.name!r} ({first})"
+        ) from None
+    model.eval()
+    act = getattr(model, "act", None)
+    if not callable(act):
+        raise UsageError(
+            f"algorithm {algo.name!r}: its model ({type(model).__name__}) has no "
+            "act(obs_batch, deterministic) method, which eval plays with; add one to it"
+        )
+    return act
 
 
 def _checked_out(target: Path, source: Path) -> Path:
@@ -128,6 +157,11 @@ def _checked_out(target: Path, source: Path) -> Path:
         raise UsageError(f"--out {str(target)!r} is a directory; give the path of a JSON file")
     if not target.parent.is_dir():
         raise UsageError(f"--out {str(target)!r}: directory {str(target.parent)!r} does not exist")
+    if not os.access(target.parent, os.W_OK):  # refused now, not after every episode is played
+        raise UsageError(
+            f"--out {str(target)!r}: directory {str(target.parent)!r} is not writable; give "
+            "--out FILE somewhere writable"
+        )
     if target.exists() and target.samefile(source):
         raise UsageError(
             f"--out {str(target)!r} is the checkpoint being evaluated; it would be overwritten "

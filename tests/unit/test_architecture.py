@@ -130,3 +130,30 @@ def test_plugins_and_examples_use_no_backend_and_no_shared_memory():
         text = path.read_text()
         assert "share_memory" not in text and "/dev/shm" not in text, path
         assert not {m for m in imports_of(path) if m.startswith("mprl.backends")}, path
+
+
+def test_no_backend_touches_a_private_name_of_the_context():
+    """The child runtime hands a Context what it needs; backends use its public API (and
+    ``mprl.context.objects_of``), never ``ctx._model``, ``ctx._slot`` ..."""
+    import re
+
+    private = re.compile(r"\b(ctx|context|self\.ctx|c\.ctx|p\.ctx)\._[a-z]\w*")
+    found = [
+        f"{path.relative_to(REPO)}: {m.group(0)}"
+        for path in (PACKAGE / "backends").rglob("*.py")
+        for m in private.finditer(path.read_text())
+    ]
+    assert found == []
+
+
+def test_the_ray_backend_uses_no_module_of_the_local_backend():
+    edges = graph(lazy=True)
+    for name, targets in edges.items():
+        if name.startswith("mprl.backends.ray"):
+            assert not {t for t in targets if t.startswith("mprl.backends.local")}, name
+
+
+def test_the_gpu_learner_is_no_part_of_the_author_api():
+    edges = graph(lazy=True)
+    assert "mprl.backends.child" not in edges["mprl.context"]
+    assert not (PACKAGE / "learner.py").exists()

@@ -106,7 +106,7 @@ class _RaySupervisor(Supervisor):
 
     startup_timeout_s = 180.0  # placement, then imports
     escalation = ((STOP_GRACE_S, "kill"),)
-    killed = "its actor was killed"
+    kill_words = "its actor was killed"
     child_type = _RayChild
 
     def __init__(self, job: Job, monitor: Monitor) -> None:

@@ -1,0 +1,82 @@
+"""Run options belong to whoever registers them: the core's RunConfig fields, a backend's
+(Ray's), a reporter's (--tensorboard); one registry reads and checks them all."""
+
+from __future__ import annotations
+
+import warnings
+
+import attrs
+import pytest
+
+import mprl
+from mprl.backends.ray import RayOptions
+from mprl.errors import PluginError
+from mprl.host.options import RunOptions
+from mprl.host.plugins import get_plugin_manager
+from mprl.tools.cli import main
+from mprl_tensorboard import TensorBoardOptions
+
+
+@attrs.frozen
+class Budget:
+    max_hours: float = attrs.field(default=1.0, validator=attrs.validators.gt(0))
+
+
+def test_the_builtin_owners_register_their_options():
+    options = get_plugin_manager(autoload=False).run_options()
+    assert options.owners["workers"] == "mprl"
+    assert {options.owners[k] for k in ("ray_address", "worker_cpus", "learner_resources")} == {
+        "mprl.backends.ray"
+    }
+    with_tb = get_plugin_manager().run_options()
+    assert with_tb.owners["tensorboard"] == "tensorboard"
+
+
+def test_registered_options_are_checked_and_read_through_their_class():
+    options = RunOptions([("budget", Budget), ("ray", RayOptions)])
+    run = options.build({"max_hours": 2, "workers": 3, "worker_cpus": 0.5})
+    assert run.workers == 3 and run.of(Budget) == Budget(2.0)
+    assert run.of(RayOptions) == RayOptions(worker_cpus=0.5)  # defaults for the rest
+    assert run.to_dict()["max_hours"] == 2.0 and "extra" not in run.to_dict()
+    with pytest.raises(mprl.ConfigError, match=r"config file 'x.toml' \[run\]: field 'max_hours'"):
+        options.build({"max_hours": -1}, "config file 'x.toml' [run]")
+    with pytest.raises(mprl.ConfigError, match="unknown run option 'max_hour'; known: env,"):
+        options.build({"max_hour": 1})
+    with pytest.raises(mprl.ConfigError, match=r"learner_resources.*finite amounts"):
+        options.build({"learner_resources": '{"CPU": Infinity}'})
+
+
+def test_an_option_name_taken_already_names_both_owners():
+    @attrs.frozen
+    class Clash:
+        workers: int = 1
+
+    with pytest.raises(PluginError, match=r"plugin 'mine' registers run option 'workers'.*'mprl'"):
+        RunOptions([("mine", Clash)])
+    with pytest.raises(PluginError, match=r"'other' registers run option 'max_hours'.*'budget'"):
+        RunOptions([("budget", Budget), ("other", Budget)])
+
+
+def test_a_saved_option_of_a_plugin_not_installed_is_left_out():
+    options = RunOptions([])
+    assert options.known({"workers": 2, "tensorboard": True}) == {"workers": 2}
+
+
+def test_a_registered_option_read_as_an_attribute_warns_and_works():
+    run = RunOptions([("tensorboard", TensorBoardOptions)]).build({"tensorboard": True})
+    with pytest.warns(DeprecationWarning, match=r"run.of\(ITS_OPTIONS_CLASS\).tensorboard"):
+        assert run.tensorboard is True
+    with warnings.catch_warnings(), pytest.raises(AttributeError):
+        warnings.simplefilter("error")
+        run.no_such_option  # noqa: B018
+
+
+def test_the_cli_lists_an_option_under_its_plugin_and_drops_it_when_blocked(capsys):
+    assert main(["run", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "run options of plugin mprl.backends.ray" in out and "--learner-resources" in out
+    assert "run options of plugin tensorboard" in out
+    assert main(["run", "-p", "no:tensorboard", "--plugin", "a3c", "--tensorboard"]) == 2
+    assert "unrecognized arguments: --tensorboard" in capsys.readouterr().err
+    assert main(["run", "--plugin", "a3c", "--worker-cpus", "0"]) == 2
+    assert "run option: field 'worker_cpus'" in capsys.readouterr().err
