@@ -28,9 +28,6 @@ from tests.conftest import cli_here
 needs_atari = pytest.mark.skipif(
     importlib.util.find_spec("ale_py") is None, reason='needs ale-py: pip install "mprl[atari]"'
 )
-needs_mujoco = pytest.mark.skipif(
-    importlib.util.find_spec("mujoco") is None, reason='needs mujoco: pip install "mprl[mujoco]"'
-)
 FRAMES = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
 
 
@@ -214,15 +211,6 @@ def test_envpool_missing_names_the_install_line(tmp_path, capsys, monkeypatch):
     assert code == 2 and 'EnvPool is not installed: pip install "mprl[envpool]"' in err, err
 
 
-def test_a_run_with_envpool_solves_cartpole_like_one_with_gym():
-    pytest.importorskip("envpool")
-    result = run_serial("ppo", env="CartPole-v1", env_batch="envpool", total_steps=60_000, seed=1)
-    returns = result.episode_returns
-    assert result.summary.solved or np.mean(returns[-20:]) > 300, np.mean(returns[-20:])
-    # episodes of CartPole pay 1 a step: each logged return is its length, up to the limit
-    assert all(1 <= r <= 500 and r == int(r) for r in returns)
-
-
 def test_missing_extras_name_the_install_line(tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "ale_py", None)  # importing it fails, as when not installed
     code, err = cli_here(
@@ -320,29 +308,6 @@ def test_ppo_with_gsde_learns_its_std_matrix_and_eval_plays_the_checkpoint(tmp_p
     for deterministic in (False, True):
         played = evaluate(tmp_path / "run", episodes=1, deterministic=deterministic)
         assert played["lengths"] == [200]
-
-
-@needs_mujoco
-def test_mujoco_ppo_normalises_observations_and_eval_uses_the_statistics(tmp_path):
-    from mprl.tools.evaluate import evaluate
-
-    config = {"n_steps": 64, "epochs": 1}
-    result = run_serial(
-        "ppo", env="HalfCheetah-v5", total_steps=256, config=config, run_dir=tmp_path / "run"
-    )
-    model = result.model
-    assert model.obs_norm is not None
-    # every observation the learner learned from was folded in: 64 steps of 1 env an update
-    updates = result.state.weights.version
-    assert updates >= 2 and int(model.obs_norm.count) == 64 * updates
-    saved = torch.load(tmp_path / "run" / "checkpoints" / "last.pt", weights_only=False)
-    assert torch.equal(saved["model"]["obs_norm.mean"], model.obs_norm.mean)
-    assert float(saved["model"]["obs_norm.var"].min()) > 0
-    # the workers act with the statistics the learner published with the weights
-    worker = next(c for c in result.contexts if c.role == "worker")
-    assert int(worker.model.obs_norm.count) == int(model.obs_norm.count)
-    played = evaluate(tmp_path / "run", episodes=1, out=tmp_path / "eval.json")
-    assert played["lengths"] == [1000]
 
 
 def test_a_device_learner_trains_copies_and_syncs_the_optimizer_state_back():
