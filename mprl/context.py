@@ -161,10 +161,9 @@ class Context:
 
     def _ready(self, opt: torch.optim.Optimizer | None) -> torch.optim.Optimizer | None:
         if opt is not None and not self._optimizer_ready and getattr(opt, "needs_dynamo", True):
-            # torch.optim imports torch._dynamo on an optimizer's first use: 1.3 s of CPU here,
-            # several seconds on a busy machine. It is start-up, not a hang: do it now, under the
-            # start-up grace, so a short --worker-timeout does not kill a healthy process
-            # (mprl.lib.nets.Adam skips that import altogether: needs_dynamo = False)
+            # torch.optim imports torch._dynamo on an optimizer's first use (seconds; why: see
+            # benchmarks/README.md, "torch._dynamo on an optimizer's first use"): start-up, not
+            # a hang, so it is done now, under the start-up grace (mprl.lib.nets.Adam skips it)
             self.channel.beat(self._slot, starting=True)
             importlib.import_module("torch._dynamo")
             self.channel.beat(self._slot)

@@ -5,7 +5,8 @@ with its own :class:`mprl.schema.Builder`, starts the processes, hands each its
 :class:`mprl.Context`, feeds the monitor with what they report and stops them. What every backend
 does the same way is here: the roles of a job, how a process is seeded, when a job is over, how
 an exit is worded. Algorithms only ever see the Context, so a new backend needs no plugin change:
-a folder under ``mprl/backends/`` and one ``mprl_make_backend`` hookimpl.
+a folder under ``mprl/backends/`` and one ``mprl_register_backends`` hookimpl. A backend whose
+children run outside the main process subclasses :class:`mprl.backends.supervisor.Supervisor`.
 """
 
 from __future__ import annotations

@@ -281,7 +281,8 @@ class TensorReplay(_Bound):
 
     def _local(self) -> None:
         self._heads_np, self._stamps_np = self._heads.numpy(), self._stamps.numpy()
-        # rows are written through numpy views: a torch slice assignment costs ten times as much
+        # rows are written through numpy views (see benchmarks/README.md, "Replay rows through
+        # numpy views")
         self._views = {name: t.numpy() for name, t in self.buffers.items()}
 
     def add(self, **rows: torch.Tensor) -> None:
@@ -309,7 +310,7 @@ class TensorReplay(_Bound):
         start = self._slot * self.per_worker + head % self.per_worker
         end = self._slot * self.per_worker + self.per_worker
         # the rows in place: one slice when they do not wrap round the worker's ring (the
-        # common case: an index copy per field costs several times as much)
+        # common case; an index copy per field is the slower way)
         parts = [(slice(start, start + n), slice(0, n))]
         if start + n > end:
             first = end - start

@@ -74,8 +74,8 @@ def _child_main(
     channel.records.join_thread()  # every record (a traceback too) reaches the main process
     sys.stdout.flush()
     sys.stderr.flush()
-    # skip the interpreter's teardown (a second or so with torch loaded): shutdown is faster,
-    # and nothing of this process needs it (shared memory is released by the kernel)
+    # skip the interpreter's teardown: nothing of this process needs it (shared memory is
+    # released by the kernel); why: see benchmarks/README.md, "Skipping the interpreter's teardown"
     os._exit(ended.code)
 
 
@@ -107,7 +107,7 @@ class LocalBackend(base.Backend):
             raise UsageError(
                 "mprl.run() was called while a spawned child process was importing your "
                 "script. Child processes re-import the main module, so start the run under "
-                '`if __name__ == "__main__":` (see the README)'
+                '`if __name__ == "__main__":` (see docs/running.md)'
             )
         tensors = [*job.model.parameters(), *job.model.buffers()]
         nbytes, storages = preflight.shared_bytes(

@@ -25,11 +25,10 @@ class LocalChannel:
     child does start-up work, 0 before its first beat). Children write
     through numpy views of the tensors: a store is a few hundred nanoseconds. Records are sent
     in batches (every ``FLUSH_S`` or ``FLUSH_N`` records), so a worker finishing thousands of
-    episodes a second does not pay a queue put, and its feeder thread's wake-up, for each
-    (with 256 records a put, those still cost a CartPole worker 3% of its speed).
-    Episodes are packed as rows of one array until they are sent: a dict built and pickled
-    for each cost a worker stepping CartPole a tenth of its speed. The main process unpacks
-    them (:meth:`unpack`).
+    episodes a second does not pay a queue put, and its feeder thread's wake-up, for each.
+    Episodes are packed as rows of one array until they are sent, not as a dict each. The main
+    process unpacks them (:meth:`unpack`). Why: see benchmarks/README.md, "The local channel:
+    records in batches".
     """
 
     FLUSH_S = 0.2
@@ -46,7 +45,7 @@ class LocalChannel:
         self._control, self._steps, self._beats = (
             t.numpy() for t in (self.control, self.steps, self.beats)
         )
-        self._steps_mv = memoryview(self._steps)  # summed in Python: a tenth of numpy's cost
+        self._steps_mv = memoryview(self._steps)  # summed in Python: cheaper than numpy here
         self._pending: list[dict[str, Any]] = []
         self._episodes: list[tuple[float, int, float, int]] = []
         self._episode_source = ""

@@ -21,8 +21,8 @@ from mprl.errors import UsageError
 
 SHM = "/dev/shm"
 MIB, GIB = 2**20, 2**30
-#: the memory of one child of its own: torch, gymnasium and an env imported (measured here: an
-#: impala worker has 151-155 MiB of private memory, its libraries a shared 90 MiB more)
+#: the memory of one child of its own: torch, gymnasium and an env imported (see
+#: benchmarks/README.md, "A child's memory: 160 MiB")
 CHILD_BYTES = 160 * MIB
 #: descriptors each child costs the main process (sentinel, pipes) with room to spare
 FDS_PER_CHILD = 8
