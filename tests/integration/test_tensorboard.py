@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+import mprl
 from tests.conftest import cli, read_metrics
 
 MISSING = '--tensorboard needs the tensorboard package: pip install "mprl[tensorboard]"'
@@ -74,7 +75,7 @@ def test_off_by_default_and_needs_no_tensorboard(tmp_path, no_tensorboard):
     assert (run_dir / "summary.json").exists()
     assert not (run_dir / "tensorboard").exists()
     listing = cli("plugins", env=no_tensorboard).stdout  # the plugin loads without the package
-    assert "tensorboard  (mprl 0.1.0)" in listing and "FAILED" not in listing
+    assert f"tensorboard  (mprl {mprl.__version__})" in listing and "FAILED" not in listing
 
 
 def test_missing_package_is_a_usage_error_before_anything_starts(tmp_path, no_tensorboard):
