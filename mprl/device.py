@@ -14,13 +14,17 @@ import torch
 
 from mprl.errors import UsageError
 
-_DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
+#: an index without leading zeros and short enough for torch (a longer one wrapped around)
+_DEVICE = re.compile(r"^(auto|cpu|cuda(:(0|[1-9]\d{0,3}))?)$")
 
 
 def check_device(spec: str, algorithm: str, trains_in_workers: bool) -> None:
     """Refuse a ``--device`` that cannot be had here, with the option that works."""
     if not _DEVICE.match(spec):
-        raise UsageError(f"run option 'device': {spec!r} is not one of auto, cpu, cuda, cuda:N")
+        raise UsageError(
+            f"run option 'device': {spec!r} is not one of auto, cpu, cuda, cuda:N "
+            "(N a GPU's number, 0 for the first: cuda:0)"
+        )
     if not spec.startswith("cuda"):
         return
     if trains_in_workers:
@@ -31,8 +35,8 @@ def check_device(spec: str, algorithm: str, trains_in_workers: bool) -> None:
     if not torch.cuda.is_available():
         why = "this torch is a CPU build" if torch.version.cuda is None else "no GPU is visible"
         raise UsageError(f"--device {spec}: {why}; use --device cpu (or auto)")
-    index = torch.device(spec).index
-    if index is not None and index >= torch.cuda.device_count():
+    index = int(spec.partition(":")[2] or 0)  # torch.device("cuda:128").index is -128
+    if index >= torch.cuda.device_count():
         raise UsageError(
             f"--device {spec}: there are {torch.cuda.device_count()} GPU(s), numbered from 0; "
             f"use --device cuda:0"
