@@ -58,6 +58,10 @@ def init_child(name: str, ignore_sigterm: bool = False, leftovers: Sequence[str]
     us (SIGKILL, OOM), exit: nothing else would.
     """
     set_process_name(name)
+    # a process group of its own: what it starts (a plugin's subprocess, a fork) is ended with
+    # it (end_group), and a signal to the main process's group is the main process's to act on
+    with contextlib.suppress(OSError):
+        os.setpgid(0, 0)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if ignore_sigterm:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -68,6 +72,8 @@ def init_child(name: str, ignore_sigterm: bool = False, leftovers: Sequence[str]
         def exit_with_parent() -> None:
             parent.join()  # returns when the parent's end of the sentinel pipe closes
             remove_leftovers(leftovers)
+            with contextlib.suppress(OSError):  # what it started goes too, then itself
+                os.killpg(0, signal.SIGKILL)
             os._exit(PARENT_DIED_EXIT)
 
         threading.Thread(target=exit_with_parent, name="mprl-parent-watch", daemon=True).start()
@@ -79,6 +85,13 @@ def _init_manager(name: str, leftovers: Sequence[str]) -> None:
     it stops the run cleanly, with the shared state still there for the final checkpoint, then
     shuts the server down (which kills it if it does not go)."""
     init_child(name, ignore_sigterm=True, leftovers=leftovers)
+
+
+def end_group(pid: int) -> None:
+    """Kill what is left of the process group of child ``pid`` (which has ended): processes a
+    plugin started and left running. A group id is not reused while the group has members."""
+    with contextlib.suppress(OSError):
+        os.killpg(pid, signal.SIGKILL)
 
 
 @contextlib.contextmanager

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -81,7 +84,10 @@ if "OldStyle-v0" not in gym.registry:  # an env whose constructor takes no rende
     gym.register("OldStyle-v0", entry_point=Corridor, max_episode_steps=50)
 
 
-FAULTS = ("none", "raise", "exit", "sigkill", "hang", "ignore_stop", "breakpoint", "raise_at_stop")
+FAULTS = (
+    "none", "raise", "exit", "sigkill", "hang", "ignore_stop", "breakpoint", "raise_at_stop",
+    "orphans",
+)  # fmt: skip
 
 
 @attrs.frozen
@@ -133,6 +139,23 @@ def inject(ctx: mprl.Context, fault: str) -> None:
     if fault == "ignore_stop":
         while True:  # never returns, heartbeat or not
             time.sleep(0.05)
+    if fault == "orphans":  # processes of its own that it never ends: a subprocess and a fork
+        sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        forked = os.fork()
+        if forked == 0:
+            time.sleep(600)
+            os._exit(0)
+        ctx.log(orphan_subprocess=sleeper.pid, orphan_fork=forked)
+
+
+def created() -> float:
+    """When this process was created (epoch seconds, to the clock tick): unlike a timestamp taken
+    in the worker function, it leaves out the imports, whose time varies on a busy machine."""
+    stat = Path("/proc/self/stat").read_text()
+    ticks = int(stat.rsplit(")", 1)[1].split()[19])  # field 22, starttime: ticks since boot
+    lines = Path("/proc/stat").read_text().splitlines()
+    boot = next(int(line.split()[1]) for line in lines if line.startswith("btime"))
+    return boot + ticks / os.sysconf("SC_CLK_TCK")
 
 
 def _faulty(ctx: mprl.Context) -> bool:
@@ -198,6 +221,7 @@ def probe_worker(ctx: mprl.Context) -> None:
         ctx.state.envs[ctx.rank] = type(env.unwrapped).__name__
     ctx.log(
         started=time.time(),
+        created=created(),
         seed=ctx.seed,
         threads=torch.get_num_threads(),
         rank=ctx.rank,

@@ -31,7 +31,7 @@ from mprl.backends.base import Job, Monitor, Outcome
 from mprl.backends.child import run_child
 from mprl.backends.local import preflight
 from mprl.backends.local.channel import LocalChannel
-from mprl.backends.processes import ManagerServer, child_environment, init_child
+from mprl.backends.processes import ManagerServer, child_environment, end_group, init_child
 from mprl.backends.supervisor import RUNNING, Child, NotStarted, Supervisor
 from mprl.backends.tensors import TensorStateBuilder
 from mprl.context import Context
@@ -249,6 +249,9 @@ class _LocalSupervisor(Supervisor):
             stack = ""
         return child.handle.exitcode, stack
 
+    def discard(self, child: Child) -> None:
+        end_group(child.handle.pid)  # what it started dies with it, before a restart
+
     def running(self, child: Child) -> bool:
         return child.handle.is_alive()
 
@@ -277,6 +280,7 @@ class _LocalSupervisor(Supervisor):
                 if child.handle.is_alive():
                     child.handle.kill()
                 child.handle.join()
+                end_group(child.handle.pid)
 
     def release(self) -> None:
         for child in self.children:
