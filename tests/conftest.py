@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import multiprocessing.process
-import multiprocessing.util
+import multiprocessing.resource_sharer
 import os
 import shutil
 import signal
@@ -15,7 +15,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,8 +44,26 @@ def tier(item: pytest.Item) -> str | None:
 def pytest_configure(config: pytest.Config) -> None:
     """The tests' own process computes too (serial runs, learner updates in unit tests): with
     one torch thread, as each child of a run has, a busy machine (other tests beside it under
-    pytest-xdist, another run) cannot make torch's thread pool spin-wait for a core."""
+    pytest-xdist, another run) cannot make torch's thread pool spin-wait for a core.
+
+    And this process's multiprocessing temp dir (where a Manager server it starts listens, and
+    the fd sharer torch uses) is one for the whole session, made now: made lazily, it would be
+    in the temp dir of whichever test came first, and a ``pymp-*`` one would be removed by the
+    first run that stops a Manager server started from here (the server inherits the directory
+    and the run removes its server's ``pymp-*`` directory), under every later test's feet."""
     torch.set_num_threads(1)
+    main_tmp = tempfile.mkdtemp(prefix="mprlt-main-")
+    multiprocessing.process.current_process()._config["tempdir"] = main_tmp  # type: ignore[attr-defined]
+    config.add_cleanup(lambda: shutil.rmtree(main_tmp, ignore_errors=True))
+
+
+def main_listeners() -> set[str]:
+    """The sockets in this process's multiprocessing temp dir (a Manager server started from
+    here listens there), the fd sharer's long-lived one left out."""
+    tmp = multiprocessing.process.current_process()._config.get("tempdir")  # type: ignore[attr-defined]
+    sharer = getattr(multiprocessing.resource_sharer._resource_sharer, "_address", None)
+    found = {str(p) for p in Path(tmp).glob("listener-*")} if tmp else set()
+    return found - {sharer}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -175,15 +193,52 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in text[: text.rfind("\n") + 1].splitlines()]
 
 
-def wait_for_metrics(run_dir: Path, until: Any = None, timeout: float = 60) -> list[dict]:
-    """Wait until ``metrics.jsonl`` has a record (one for which ``until(record)`` is true)."""
+#: how long a test waits for a run to reach the state it needs before it gives up: a guard
+#: against a hang, not a speed the run must reach (a cold start on a busy machine is slow)
+WAIT_S = 180
+
+
+def wait_until(condition: Callable[[], Any], what: str, timeout: float = WAIT_S) -> Any:
+    """Poll ``condition()`` until it is true and return its value: a handshake with a run,
+    never a guess of how long it takes."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    while True:
+        if value := condition():
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not reached in {timeout:g} s")
+        time.sleep(0.1)
+
+
+def wait_for_metrics(run_dir: Path, until: Any = None, timeout: float = WAIT_S) -> list[dict]:
+    """Wait until ``metrics.jsonl`` has a record (one for which ``until(record)`` is true)."""
+
+    def found() -> list[dict] | None:
         records = read_metrics(run_dir)
         if records and (until is None or any(until(r) for r in records)):
             return records
-        time.sleep(0.1)
-    raise AssertionError(f"the run did not report what the test waits for in {timeout} s")
+        return None
+
+    return wait_until(found, "the run did not report what the test waits for", timeout)
+
+
+def stepped(record: dict[str, Any]) -> bool:
+    """A record logged once the run had taken an env step (``step`` is the run's total then)."""
+    return record.get("step", 0) > 0
+
+
+def wait_for_children(
+    proc: subprocess.Popen[str], names: set[str], timeout: float = WAIT_S
+) -> dict[int, str]:
+    """Wait until the run ``proc`` has a child process by each of ``names`` (``mprl-worker-0``,
+    ``mprl-trainer``, ``mprl-manager``: children name themselves once they are up); returns
+    every child's name by pid."""
+
+    def named() -> dict[int, str] | None:
+        found = {pid: comm(pid) for pid in child_pids(proc.pid)}
+        return found if names <= set(found.values()) else None
+
+    return wait_until(named, f"children {sorted(names)} of the run", timeout)
 
 
 def child_pids(pid: int) -> list[int]:
@@ -321,6 +376,7 @@ class Leftovers:
 
     def __init__(self, mark: str, tmp: Path) -> None:
         self.mark, self.tmp, self.shm_before = mark, tmp, shm_entries()
+        self.listeners_before = main_listeners()
 
     def ours(self) -> set[int]:
         return {os.getpid(), *child_pids(os.getpid()), *marked_pids(self.mark)}
@@ -351,7 +407,7 @@ class Leftovers:
         assert not kids, f"processes left behind: {[(k, _cmdline(k)) for k in kids]}"
         assert not orphans, f"orphaned processes left behind: {[(k, _cmdline(k)) for k in orphans]}"
         assert not shm, f"shared memory left behind: {sorted(shm)}"
-        left = temp_leftovers(self.tmp)
+        left = temp_leftovers(self.tmp) | (main_listeners() - self.listeners_before)
         assert not left, f"temp files left: {left}"
 
 
@@ -363,7 +419,6 @@ def no_leftovers(
     temp file behind. The test (and every process it starts) gets a temp dir of its own
     (``TMPDIR``), so a leftover is the test's own whatever else runs beside it."""
     tmp_path_factory.getbasetemp()  # pytest's own temp dirs stay where they are
-    multiprocessing.util.get_temp_dir()  # and so does this process's own pymp-* directory
     mark = uuid.uuid4().hex
     tmp = Path(tempfile.mkdtemp(prefix="mprlt-"))  # short: a Manager's socket path is in it
     monkeypatch.setenv("MPRL_TEST_MARK", mark)

@@ -24,6 +24,7 @@ from tests.conftest import (
     read_metrics,
     running,
     wait_for_metrics,
+    wait_until,
 )
 
 WRITER = textwrap.dedent(
@@ -50,8 +51,11 @@ def test_kill_9_while_writing_keeps_the_previous_checkpoint(tmp_path):
         )  # fmt: skip
         for _ in range(2):  # at least one complete write in this attempt
             last = int(proc.stdout.readline())
-        time.sleep(0.005 * attempt)
-        proc.send_signal(signal.SIGKILL)
+        if attempt % 2:  # the kill lands while the next write is under way: its temp file is
+            wait_until(  # there (a write takes a while: 16 MB, fsynced)
+                lambda: any(run_dir.glob("checkpoints/.last.pt.*.tmp")), "a write under way"
+            )
+        proc.send_signal(signal.SIGKILL)  # (else as it comes: between or during writes)
         proc.wait()
         later = proc.stdout.read().split()  # writes it finished while we slept
         last = int(later[-1]) if later else last

@@ -12,13 +12,15 @@ import time
 import pytest
 import torch
 
+import mprl
 from tests.conftest import (
     alive,
     child_pids,
     cli,
-    comm,
     read_metrics,
     running,
+    stepped,
+    wait_for_children,
     wait_for_metrics,
 )
 
@@ -73,7 +75,7 @@ def test_toml_and_set_reach_the_resolved_config(installed, tmp_path):
 def test_plugins_lists_distribution_algorithms_hooks_and_failures(installed):
     proc = cli("plugins")
     assert proc.returncode == 0
-    assert "a3c  (mprl 0.1.0)" in proc.stdout
+    assert f"a3c  (mprl {mprl.__version__})" in proc.stdout
     assert "testplugin  (mprl-testplugin 0.1.0)" in proc.stdout
     assert "FAILED plugin 'broken'" in proc.stdout
     data = json.loads(cli("plugins", "--json").stdout)
@@ -108,7 +110,10 @@ PROBE_FOREVER = ["--plugin", "probe", "--workers", "2", "--set", "step_sleep=0.0
 def test_signal_stops_cleanly_with_checkpoint_and_exit_code(tmp_path, sig, code):
     run_dir = tmp_path / "run"
     with running([*A3C_FOREVER, "--run-dir", str(run_dir)]) as proc:
-        wait_for_metrics(run_dir)
+        # the checkpoint must hold steps: wait until the run has taken some, and both workers
+        # are up, however slowly a busy machine starts them
+        wait_for_metrics(run_dir, stepped)
+        wait_for_children(proc, {"mprl-worker-0", "mprl-worker-1"})
         kids = child_pids(proc.pid)
         assert len(kids) >= 3  # two workers and multiprocessing's resource tracker
         start = time.monotonic()
@@ -183,6 +188,8 @@ def test_children_exit_by_themselves_when_the_main_process_is_killed(installed, 
     # probe has a Manager (its schema) and a train process: every kind of child is there
     with running([*PROBE_FOREVER, "--run-dir", str(run_dir)]) as proc:
         wait_for_metrics(run_dir)
+        # every child up before the kill (the second worker starts after the first)
+        wait_for_children(proc, {"mprl-manager", "mprl-worker-0", "mprl-worker-1", "mprl-trainer"})
         kids = child_pids(proc.pid)
         assert len(kids) >= 4  # Manager server, two workers, train process (+ resource tracker)
         proc.kill()
@@ -199,12 +206,9 @@ def test_a_dead_manager_server_aborts_the_run_naming_it(installed, tmp_path):
     run_dir = tmp_path / "run"
     with running([*PROBE_FOREVER, "--run-dir", str(run_dir)]) as proc:
         wait_for_metrics(run_dir)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:  # children name themselves once they are up
-            names = {k: comm(k) for k in child_pids(proc.pid)}
-            if {"mprl-worker-0", "mprl-worker-1", "mprl-trainer"} <= set(names.values()):
-                break
-            time.sleep(0.2)
+        names = wait_for_children(
+            proc, {"mprl-manager", "mprl-worker-0", "mprl-worker-1", "mprl-trainer"}
+        )
         (server,) = [k for k, name in names.items() if name == "mprl-manager"]
         os.kill(server, signal.SIGKILL)
         start = time.monotonic()

@@ -191,14 +191,19 @@ def test_second_sigint_forces_a_fast_exit(installed, run_dir):
         wait_for_metrics(run_dir, lambda r: "episode_return" in r)
         kids = child_pids(proc.pid)
         proc.send_signal(signal.SIGINT)
-        time.sleep(1.0)  # the children ignore the stop flag: the first shutdown is waiting
+        # the first Ctrl-C was taken: the stop flag is up (the train process honours it and
+        # says so; the workers ignore it), so the first shutdown is waiting for them
+        wait_for_metrics(run_dir, lambda r: "trainer_saw_visits" in r)
         start = time.monotonic()
         proc.send_signal(signal.SIGINT)
         _, stderr = proc.communicate(timeout=30)
         took = time.monotonic() - start
     assert proc.returncode == 130, stderr
-    assert took < 3
+    # the children were killed at once: the stop's grace periods were cut short, before their
+    # first escalation (5 s after the first Ctrl-C); on an idle machine the exit takes under a
+    # second, a busy one makes the kill and the checkpoint slower
     assert "forced exit (second Ctrl-C)" in stderr
+    assert "did not stop within" not in stderr and took < 30
     clean_stderr(stderr)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "interrupted" and summary["stop_reason"].startswith("second SIGINT")
