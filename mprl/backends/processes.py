@@ -13,6 +13,7 @@ import os
 import shutil
 import signal
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from multiprocessing.managers import SyncManager
 from pathlib import Path
@@ -22,6 +23,9 @@ from mprl.backends.base import describe_exit
 from mprl.run_types import ChildFailure
 
 PARENT_DIED_EXIT = 70  # a child's exit code when it left because the main process died
+#: seconds the Manager server may stay stopped (SIGSTOP, a debugger) before it is killed: every
+#: read of shared state waits on it, the main process's too, with no timeout of its own
+MANAGER_STOPPED_S = 5.0
 _BLOCKED = {signal.SIGINT, signal.SIGTERM}  # while a child starts
 
 
@@ -137,19 +141,54 @@ class ManagerServer:
         with child_environment(threads):
             self.manager.start(initializer=_init_manager, initargs=("mprl-manager", leftovers))
         self.process: Any = self.manager._process  # type: ignore[attr-defined]
+        self.killed_why = ""  # why the watch killed it
+        self._done = threading.Event()
+        self._watch = threading.Thread(target=self._watch_stopped, name="mprl-manager-watch")
+        self._watch.daemon = True
+        self._watch.start()
+
+    def _watch_stopped(self) -> None:
+        """Kill the server once it has been stopped for :data:`MANAGER_STOPPED_S`: a read
+        blocked on it then fails (as when it dies) instead of waiting for ever."""
+        since = None
+        while not self._done.wait(0.25) and self.process.exitcode is None:
+            if not _stopped(self.process.pid):
+                since = None
+                continue
+            since = since or time.monotonic()
+            if time.monotonic() - since >= MANAGER_STOPPED_S:
+                self.killed_why = (
+                    f"stopped (SIGSTOP) and silent for {MANAGER_STOPPED_S:g} s; killed"
+                )
+                with contextlib.suppress(OSError):
+                    os.kill(self.process.pid, signal.SIGKILL)
+                return
 
     def failure(self) -> ChildFailure | None:
         """The report of a server that died: every Manager kind of the run is lost with it."""
         code = self.process.exitcode
         if code is None:
             return None
-        return ChildFailure(
-            "Manager server", -1, code, f"{describe_exit(code)} (shared state is lost)"
-        )
+        why = self.killed_why or describe_exit(code)
+        return ChildFailure("Manager server", -1, code, f"{why} (shared state is lost)")
 
     def shutdown(self) -> None:
         """Stop the server (killed if it does not go) and remove its socket's directory."""
+        self._done.set()
+        if _stopped(self.process.pid):  # its shutdown handshake would wait for ever
+            with contextlib.suppress(OSError):
+                os.kill(self.process.pid, signal.SIGKILL)
+            self.process.join()
         self.manager.shutdown()
         listener = Path(str(self.manager.address))
         if listener.parent.name.startswith("pymp-"):  # a killed server leaves it
             shutil.rmtree(listener.parent, ignore_errors=True)
+
+
+def _stopped(pid: int) -> bool:
+    """Whether process ``pid`` is stopped (SIGSTOP, SIGTSTP, a tracer)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+    except (OSError, IndexError):
+        return False

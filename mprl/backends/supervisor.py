@@ -324,6 +324,7 @@ class Supervisor:
                     rank=child.role.rank,
                 )
         failures = [f for c in running if (f := self.stop_failure(c)) is not None]
+        failures += self.extra_failures()  # a server lost while stopping is reported too
         self.after_stop()
         for child in self.children:
             child.done = True

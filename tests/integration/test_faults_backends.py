@@ -3,9 +3,22 @@ server. Each case is a real run through the CLI."""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
 import time
 
-from tests.conftest import cli, read_metrics
+import pytest
+
+from tests.conftest import (
+    alive,
+    cli,
+    read_metrics,
+    running,
+    stepped,
+    wait_for_children,
+    wait_for_metrics,
+)
 
 
 def _alive(pid: int) -> bool:
@@ -30,3 +43,30 @@ def test_what_a_worker_starts_and_leaves_running_ends_with_the_run(installed, tm
     while any(_alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not [p for p in pids if _alive(p)], "a plugin's processes outlived the run"
+
+
+PROBE_FOREVER = ["--plugin", "probe", "--workers", "2", "--set", "step_sleep=0.01", "--quiet"]
+
+
+@pytest.mark.parametrize("then", ["wait", "sigint", "sigterm"])
+def test_a_stopped_manager_server_fails_the_run_naming_it(installed, tmp_path, then):
+    """A SIGSTOPped Manager server answers no read (the main process's included): it is killed
+    after MANAGER_STOPPED_S and the run fails naming it, whatever the user does meanwhile."""
+    run_dir = tmp_path / "run"
+    with running([*PROBE_FOREVER, "--run-dir", str(run_dir)]) as proc:
+        wait_for_metrics(run_dir, stepped)
+        names = wait_for_children(proc, {"mprl-manager", "mprl-worker-0", "mprl-trainer"})
+        (server,) = [k for k, name in names.items() if name == "mprl-manager"]
+        os.kill(server, signal.SIGSTOP)
+        if then != "wait":
+            proc.send_signal(signal.SIGINT if then == "sigint" else signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=90)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert "Manager server stopped (SIGSTOP) and silent for 5 s; killed" in stderr, (summary, stderr)
+    assert "Traceback" not in stderr.split("--- traceback of")[0]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    if then == "wait":
+        assert proc.returncode == 1 and summary["status"] == "failed"
+    else:  # stopped by the user: interrupted, and the Manager's end still reported
+        assert proc.returncode in (1, 130, 143) and summary["status"] in ("failed", "interrupted")
+    assert not alive(server)
