@@ -66,14 +66,18 @@ def main_listeners() -> set[str]:
     return found - {sharer}
 
 
+#: the longest unit of work of the suite (one Ray cluster, a dozen runs on it): started first
+LONGEST = HERE / "slow" / "test_ray.py"
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark each test with its tier (``-m unit``, ``-m "not slow"``), and run the slow tier first,
-    then integration, then unit: under pytest-xdist the longest tests start first and the short
-    ones fill in around them."""
+    """Mark each test with its tier (``-m unit``, ``-m "not slow"``), and run the slow tier first
+    (the Ray module before all), then integration, then unit: under pytest-xdist the longest
+    files start first and the short ones fill in around them."""
     for item in items:
         if (name := tier(item)) is not None:
             item.add_marker(name)
-    items.sort(key=lambda item: TIERS[::-1].index(tier(item) or "unit"))
+    items.sort(key=lambda item: (TIERS[::-1].index(tier(item) or "unit"), item.path != LONGEST))
 
 
 @pytest.fixture(autouse=True)
