@@ -107,6 +107,26 @@ def checkpoint_path(path: str | Path) -> Path:
     return p / "checkpoints" / "last.pt" if p.is_dir() else p
 
 
+def resumed_run_dir(file: Path) -> Path:
+    """The run directory that resuming checkpoint ``file`` in place continues: ``RUN_DIR`` of
+    ``RUN_DIR/checkpoints/last.pt``. Any other file (a snapshot kept beside it, a copy from
+    elsewhere) is refused: the resumed run would overwrite the run's newer ``last.pt`` and
+    its ``config.json``; it resumes into a new run directory (``--run-dir``)."""
+    if file.name == "last.pt" and file.parent.name == "checkpoints":
+        return file.parent.parent
+    if file.parent.name == "checkpoints":
+        why = (
+            f"it is not its run's last checkpoint ({str(file.parent / 'last.pt')!r}), which "
+            "resuming it there would overwrite with older work"
+        )
+    else:
+        why = "it is not the last checkpoint of a run directory (RUN_DIR/checkpoints/last.pt)"
+    raise UsageError(
+        f"cannot resume checkpoint {str(file)!r} in place: {why}; give --run-dir NEW_DIR to "
+        "resume it into a new run directory"
+    )
+
+
 def _check_fields(
     file: Path, data: Mapping[str, Any], fields: Mapping[str, Any], where: str
 ) -> None:
@@ -124,9 +144,13 @@ def _check_fields(
 
 def load(path: str | Path) -> tuple[Path, dict[str, Any]]:
     """Read and check a checkpoint; every problem is a :class:`UsageError` naming the file."""
-    file = checkpoint_path(path)
-    if not file.exists():
+    try:
+        file = checkpoint_path(path)
+        found = file.exists()
         where = "run directory" if Path(path).is_dir() else "file"
+    except OSError as exc:  # a name longer than the file system allows, a loop of links
+        raise UsageError(f"cannot read checkpoint {str(path)!r}: {exc.strerror or exc}") from None
+    if not found:
         raise UsageError(
             f"no checkpoint at {str(file)!r} (from the {where} {str(path)!r}); give a run "
             "directory written by `python -m mprl run`, or a checkpoint file"
@@ -134,6 +158,8 @@ def load(path: str | Path) -> tuple[Path, dict[str, Any]]:
     try:
         data = torch.load(file, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch.load raises many kinds on damaged input
+        if isinstance(exc, OSError) and exc.errno is not None:  # unreadable, not damaged
+            raise UsageError(f"cannot read checkpoint {str(file)!r}: {exc.strerror}") from None
         text = str(exc).strip()
         if isinstance(exc, pickle.UnpicklingError) and "unsupported global" in text.lower():
             raise UsageError(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import errno
 import fcntl
 import json
 import os
@@ -16,6 +17,7 @@ from typing import Any
 import torch
 
 from mprl.errors import UsageError
+from mprl.files import NotRegularFile, open_regular
 
 CSV_COLUMNS = ("wall", "step", "source", "name", "value")
 #: one encoder for every record (json.dumps with ``default=`` builds one per call)
@@ -55,6 +57,81 @@ def _json_bytes(data: Mapping[str, Any]) -> bytes:
 
 
 LOCK = ".lock"  # held (flock) by the process running in the directory; it holds that pid
+METRICS = ("metrics.jsonl", "metrics.csv")
+
+_FIXES = {
+    errno.ENOSPC: "free some space",
+    errno.EDQUOT: "free some space (the disk quota is spent)",
+    errno.EFBIG: "raise the file size limit (ulimit -f)",
+    errno.EROFS: "make it writable",
+    errno.EACCES: "make it writable",
+    errno.EPERM: "make it writable",
+}
+
+
+def _name_max(path: Path) -> int:
+    """The longest file name (bytes) the file system of ``path``'s deepest existing parent
+    takes; 255 where it cannot be asked."""
+    limit = 255
+    for parent in reversed(path.parents):
+        try:
+            limit = os.pathconf(parent, "PC_NAME_MAX")
+        except (OSError, ValueError):
+            break
+    return limit
+
+
+def refusal(run: Path, exc: OSError, *, resume: bool) -> UsageError:
+    """The one line that says why the run directory ``run`` cannot be made (``resume``: resumed
+    into) before the run starts, and what to do: ``exc`` is what the file system said."""
+    what = "cannot resume into" if resume else "cannot create"
+    other = "choose another --run-dir"
+    if resume:
+        other = "resume into a new directory with --run-dir NEW_DIR"
+    text = exc.strerror or str(exc)
+    if isinstance(exc, NotRegularFile):
+        cause, fix = text, f"mprl writes only regular files there: remove it, or {other}"
+    elif exc.errno == errno.ENAMETOOLONG:
+        limit = _name_max(run)
+        longest = max(run.parts, key=lambda part: len(os.fsencode(part)))
+        size = len(os.fsencode(longest))
+        cause = (
+            f"a name in it is {size} bytes long, more than the {limit} its file system allows "
+            f"({text})"
+            if size > limit
+            else f"the path is {len(os.fsencode(str(run)))} bytes long ({text})"
+        )
+        fix = "give a shorter path" if resume else "choose a shorter --run-dir"
+    else:
+        name = exc.filename
+        if name is not None:
+            with contextlib.suppress(ValueError):
+                name = str(Path(name).relative_to(run))
+            if name in (".", str(run)):
+                name = None
+        cause = f"{name}: {text}" if name else text
+        if exc.errno == errno.EROFS:
+            cause = f"{cause} (a read-only file system)" if name else "a read-only file system"
+        fix = f"{_FIXES[exc.errno]}, or {other}" if exc.errno in _FIXES else other
+    return UsageError(f"{what} run directory {str(run)!r}: {cause}; {fix}")
+
+
+def _check_writable(*dirs: Path) -> None:
+    """An OSError (EROFS or EACCES, naming the directory) for one this process cannot write."""
+    effective = os.access in os.supports_effective_ids
+    for d in dirs:
+        if not os.access(d, os.W_OK | os.X_OK, effective_ids=effective):
+            read_only = os.statvfs(d).f_flag & os.ST_RDONLY
+            code = errno.EROFS if read_only else errno.EACCES
+            raise OSError(code, "not writable: " + os.strerror(code), str(d))
+
+
+def _end_line(fd: int) -> None:
+    """Make the file end with a newline: a line cut short by a kill of the last session stays
+    a line of its own (readers skip it) instead of taking the next session's first record."""
+    size = os.fstat(fd).st_size
+    if size and os.pread(fd, 1, size - 1) != b"\n":
+        os.write(fd, b"\n")
 
 
 class RunDir:
@@ -63,6 +140,11 @@ class RunDir:
     :meth:`create` and :meth:`reopen` lock the directory for the process until :meth:`close`:
     a second run (or a resume) in it is refused naming the pid that holds it. The kernel drops
     the lock when its process dies, however it dies, so a stale lock is simply taken over.
+    Every file of the directory that is opened in place (the lock, the metrics) is opened only
+    if it is a regular file (:func:`mprl.files.open_regular`): a link planted there is refused,
+    never written through. A directory that cannot be made or written is refused (a
+    :class:`UsageError` naming it) before the run starts; :meth:`discard` removes what
+    :meth:`create` made.
     """
 
     def __init__(self, path: str | Path) -> None:
@@ -70,9 +152,10 @@ class RunDir:
         self.checkpoints = self.path / "checkpoints"
         self._metrics: Any = None
         self._lock: int | None = None
+        self._made: list[Path] | None = None  # the directories create() made, outer first
 
     def _take_lock(self) -> None:
-        fd = os.open(self.path / LOCK, os.O_RDWR | os.O_CREAT, 0o666)
+        fd = open_regular(self.path / LOCK, os.O_RDWR | os.O_CREAT)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -83,41 +166,77 @@ class RunDir:
                 f"{holder}); wait for it to end or stop it (kill -INT {holder}), or choose "
                 "another --run-dir"
             ) from None
+        self._lock = fd
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        self._lock = fd
+
+    def _mkdirs(self, target: Path) -> None:
+        """``target`` and its missing parents, each one made recorded (to be discarded)."""
+        assert self._made is not None
+        missing = []
+        for d in (target, *target.parents):
+            if d.exists():
+                break
+            missing.append(d)
+        for d in reversed(missing):
+            try:
+                d.mkdir()
+            except FileExistsError:  # made meanwhile by someone else: not ours to remove
+                continue
+            self._made.append(d)
 
     @classmethod
     def create(cls, path: str | Path | None, plugin: str, env: str) -> RunDir:
-        """Create a new run directory; an existing non-empty one is refused (nothing is lost)."""
+        """Create a new run directory; an existing non-empty one is refused (nothing is lost).
+
+        One that cannot be made or written (a full disk, a read-only file system, a name too
+        long) is refused with a :class:`UsageError` naming it, what was made of it removed.
+        """
         if path is None:
             stamp = time.strftime("%Y%m%d-%H%M%S")
             path = Path("runs") / f"{plugin}-{env.replace('/', '_')}-{stamp}-{os.getpid()}"
         p = Path(path)
-        if p.exists() and (not p.is_dir() or any(p.iterdir())):
-            raise UsageError(
-                f"run directory {str(p)!r} already exists and is not empty; choose another "
-                "--run-dir or remove it"
-            )
-        try:
-            p.mkdir(parents=True, exist_ok=True)
-            (p / "checkpoints").mkdir(exist_ok=True)
-        except OSError as exc:
-            raise UsageError(f"cannot create run directory {str(p)!r}: {exc}") from None
         run = cls(p)
-        run._take_lock()
+        run._made = []
+        try:
+            if p.exists() and (not p.is_dir() or any(p.iterdir())):
+                raise UsageError(
+                    f"run directory {str(p)!r} already exists and is not empty; choose another "
+                    "--run-dir or remove it"
+                )
+            run._mkdirs(run.checkpoints)
+            run._take_lock()
+        except OSError as exc:
+            run.discard()
+            raise refusal(p, exc, resume=False) from None
         return run
 
     @classmethod
     def reopen(cls, path: str | Path) -> RunDir:
-        """An existing run directory, to resume into: metrics are appended."""
+        """An existing run directory, to resume into: metrics are appended, from a new line.
+
+        A directory this process cannot write, or one with a link or a FIFO where the lock or
+        the metrics are, is refused (a :class:`UsageError` naming it) before anything in it is
+        touched.
+        """
         p = Path(path)
-        if not (p / "checkpoints").is_dir():
+        try:
+            is_run = (p / "checkpoints").is_dir()
+        except OSError as exc:
+            raise refusal(p, exc, resume=True) from None
+        if not is_run:
             raise UsageError(f"{str(p)!r} is not a run directory (it has no checkpoints/)")
         run = cls(p)
-        run._take_lock()  # before anything is touched: another process may be writing here
-        for stale in p.glob("**/.*.tmp"):  # a write cut short by a crash of the last session
-            stale.unlink(missing_ok=True)
+        try:
+            _check_writable(p, run.checkpoints)
+            run._take_lock()  # before anything is touched: another process may be writing here
+            for folder in (p, run.checkpoints):  # a write cut short by a crash of the last session
+                for stale in folder.glob(".*.tmp"):
+                    stale.unlink(missing_ok=True)
+            run._open_metrics()
+        except OSError as exc:
+            run.close()
+            raise refusal(p, exc, resume=True) from None
         return run
 
     def write_json(self, name: str, data: Mapping[str, Any]) -> Path:
@@ -125,15 +244,44 @@ class RunDir:
         atomic_write(target, lambda f: f.write(_json_bytes(data)))
         return target
 
+    def write_config(self, config: Mapping[str, Any]) -> Path:
+        """Write ``config.json`` before the run starts: a failure (a full disk) is a
+        :class:`UsageError` naming the directory (the directory is left as it is: see
+        :meth:`discard`)."""
+        try:
+            return self.write_json("config.json", config)
+        except OSError as exc:
+            if exc.filename is None:  # a failed write() or fsync() names no file
+                exc = OSError(exc.errno, exc.strerror, str(self.path / "config.json"))
+            raise refusal(self.path, exc, resume=self._made is None) from None
+
+    def _open_metrics(self) -> None:
+        """Open ``metrics.jsonl`` and ``metrics.csv`` to append to (regular files only), each
+        ending in a newline (:func:`_end_line`), the CSV's header written when it is new."""
+        files = []
+        try:
+            for name in METRICS:
+                fd = open_regular(self.path / name, os.O_RDWR | os.O_APPEND | os.O_CREAT)
+                try:
+                    _end_line(fd)
+                except BaseException:
+                    os.close(fd)
+                    raise
+                files.append(os.fdopen(fd, "a", encoding="utf-8", newline=""))
+            self._csv = csv.writer(files[1])
+            if files[1].tell() == 0:
+                self._csv.writerow(CSV_COLUMNS)
+        except BaseException:
+            for f in files:
+                f.close()
+            raise
+        self._metrics, self._csv_file = files
+
     def append_metrics(self, records: Iterable[Mapping[str, Any]]) -> None:
         """Append to ``metrics.jsonl`` (every record whole) and ``metrics.csv`` (long format:
         a ``wall,step,source,name,value`` row per numeric value, for spreadsheets and pandas)."""
         if self._metrics is None:
-            self._metrics = (self.path / "metrics.jsonl").open("a", encoding="utf-8")
-            self._csv_file = (self.path / "metrics.csv").open("a", encoding="utf-8", newline="")
-            self._csv = csv.writer(self._csv_file)
-            if self._csv_file.tell() == 0:
-                self._csv.writerow(CSV_COLUMNS)
+            self._open_metrics()
         lines, rows = [], []
         for record in records:
             lines.append(_to_json(record))
@@ -155,14 +303,21 @@ class RunDir:
         return target
 
     def discard(self) -> None:
-        """Remove a run directory made by :meth:`create` before anything ran in it (it holds
-        only ``config.json`` and an empty ``checkpoints/``), so the same command can be rerun."""
-        with contextlib.suppress(OSError):
-            (self.path / LOCK).unlink(missing_ok=True)  # still ours: the directory goes
-            (self.path / "config.json").unlink(missing_ok=True)
-            self.checkpoints.rmdir()
-            self.path.rmdir()
-
+        """Remove what :meth:`create` made, before anything ran in the directory (its lock,
+        ``config.json``, metrics not yet written, ``checkpoints/``, the directory and parents
+        it made), so that the same command can be rerun; a directory that was there before is
+        left, emptied of those. Closes the run directory (of a reopened one, only that)."""
+        if self._made is not None:
+            names = (LOCK, "config.json", *METRICS)
+            for name in names:  # still ours, the lock too: the directory goes
+                with contextlib.suppress(OSError):
+                    (self.path / name).unlink(missing_ok=True)
+            for made in reversed(self._made):
+                with contextlib.suppress(OSError):
+                    made.rmdir()
+            if self.path not in self._made:  # the user's own (empty) directory
+                with contextlib.suppress(OSError):
+                    self.checkpoints.rmdir()
         self.close()
 
     def close(self) -> None:

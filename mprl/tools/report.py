@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mprl.errors import UsageError
+from mprl.files import open_regular
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -99,16 +100,20 @@ def read_run(path: str | Path, label: str | None = None) -> Run:
     ``metrics.jsonl``.
 
     Lines of ``metrics.jsonl`` that do not decode (the half-written last line of a run that was
-    killed) are skipped. Episodes are in the order they finished (their ``wall`` stamps), not the
-    order the processes' batched records reached the file. ``label`` defaults to the directory's
-    name.
+    killed, which a resumed session leaves as a line of its own) are skipped. Episodes are in
+    the order they finished (their ``wall`` stamps), not the order the processes' batched
+    records reached the file. ``label`` defaults to the directory's name.
 
     :raises UsageError: ``path`` is not a run directory (neither ``metrics.jsonl`` nor
         ``summary.json``), or one of its JSON files is unreadable.
     """
     p = Path(path)
     metrics = p / "metrics.jsonl"
-    if not p.is_dir() or not (metrics.is_file() or (p / "summary.json").is_file()):
+    try:
+        found = p.is_dir() and (metrics.is_file() or (p / "summary.json").is_file())
+    except OSError as exc:  # a name longer than the file system allows
+        raise UsageError(f"cannot read {str(p)!r}: {exc.strerror or exc}") from None
+    if not found:
         raise UsageError(
             f"{str(p)!r} is not a run directory (no metrics.jsonl); give a directory made by "
             "`python -m mprl run`"
@@ -294,8 +299,8 @@ def _find_run_dirs(root: Path, depth: int) -> list[Path]:
 
 def _holder(path: Path) -> str | None:
     """The pid holding the run directory's lock (its run is going on), else ``None``."""
-    try:
-        fd = os.open(path / ".lock", os.O_RDONLY)
+    try:  # not through a link, nor blocking on a FIFO planted there
+        fd = open_regular(path / ".lock", os.O_RDONLY)
     except OSError:
         return None
     try:
@@ -346,8 +351,12 @@ def list_runs(directory: str | Path = "runs") -> list[dict[str, Any]]:
     :raises UsageError: ``directory`` does not exist or is not a directory.
     """
     root = Path(directory)
-    if not root.is_dir():
-        what = "does not exist" if not root.exists() else "is not a directory"
+    try:
+        found, there = root.is_dir(), root.exists()
+    except OSError as exc:  # a name longer than the file system allows
+        raise UsageError(f"cannot read {str(root)!r}: {exc.strerror or exc}") from None
+    if not found:
+        what = "does not exist" if not there else "is not a directory"
         raise UsageError(
             f"{str(root)!r} {what}; give the directory your runs are in (default: runs)"
         )

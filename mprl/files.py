@@ -1,0 +1,88 @@
+"""Opening the files of a run directory in place without following what was planted there.
+
+A run writes into files it opens in place (its lock, ``metrics.jsonl``, ``metrics.csv``, each
+child's stack file). A symbolic link at one of those paths would make the run write through it,
+into whatever file it names; a FIFO would block the run for ever. :func:`open_regular` opens
+only a regular file (``O_NOFOLLOW``, then ``fstat``) and raises :class:`NotRegularFile` for
+anything else; :func:`open_new` replaces whatever is at the path by a new file. Files written
+whole are replaced atomically instead (``mprl.host.rundir.atomic_write``), which never follows a
+link either. A leaf: the host and the backends both import it.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import stat
+from pathlib import Path
+
+_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+)
+
+
+class NotRegularFile(OSError):
+    """A path that mprl would write in place is not a regular file (a link, a FIFO, ...)."""
+
+
+def _what(path: str | Path, st: os.stat_result) -> str:
+    if stat.S_ISLNK(st.st_mode):
+        try:
+            return f"a symbolic link (to {os.readlink(path)!r})"
+        except OSError:
+            return "a symbolic link"
+    return next((name for test, name in _KINDS if test(st.st_mode)), "not a regular file")
+
+
+def _refuse(path: str | Path, st: os.stat_result) -> NotRegularFile:
+    return NotRegularFile(
+        errno.EINVAL, f"{str(path)!r} is {_what(path, st)}, not a regular file", str(path)
+    )
+
+
+def open_regular(path: str | Path, flags: int, mode: int = 0o666) -> int:
+    """``os.open(path, flags, mode)`` for a regular file only: a symbolic link at ``path`` is
+    not followed, and it, a FIFO, a device or a directory raise :class:`NotRegularFile` (no
+    file is opened that could block or have side effects). Returns the descriptor."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        pass
+    else:
+        if not stat.S_ISREG(st.st_mode):
+            raise _refuse(path, st)
+    try:  # O_NONBLOCK: a FIFO put there since cannot block the open
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode)
+    except OSError as exc:  # a link or a FIFO put there since the lstat
+        if exc.errno in (errno.ELOOP, errno.ENXIO, errno.EISDIR):
+            try:
+                st = os.lstat(path)
+            except OSError:
+                raise exc from None
+            if not stat.S_ISREG(st.st_mode):
+                raise _refuse(path, st) from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise _refuse(path, st)
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def open_new(path: str | Path, flags: int, mode: int = 0o666) -> int:
+    """An opener for ``open(path, "w", opener=open_new)``: whatever is at ``path`` (an old file,
+    or a link planted in its place) is removed, not followed, and a new regular file is made
+    there (``O_EXCL``: a link put back meanwhile fails the open instead of being written
+    through)."""
+    Path(path).unlink(missing_ok=True)
+    flags &= ~os.O_TRUNC
+    return os.open(path, flags | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
