@@ -369,18 +369,39 @@ def clean_stderr(stderr: str) -> None:
     assert "KeyboardInterrupt" not in stderr, stderr
 
 
+#: a folder on every test's ``PYTHONPATH``: its ``sitecustomize`` names the semaphores of every
+#: Python process the test starts after the test
+TAGGING = HERE / "tagging"
+
+
+def semaphore_prefix(mark: str) -> str:
+    """The name prefix of the semaphores made by the processes of the test marked ``mark``."""
+    return "/mpt" + mark[:12]
+
+
 class Leftovers:
     """What one test left behind, counting only what the test itself made: its processes (the
     descendants of this process, and every process carrying the test's ``MPRL_TEST_MARK``, even
-    one re-parented to init), the ``/dev/shm`` entries that appeared during the test and that no
-    other process holds, and the files in the test's own temp dir. Another mprl run on the
-    machine, or another pytest-xdist worker, is never counted: its processes carry no mark of
-    this test and are not our descendants, the shared memory it uses is held by its processes,
-    and its temp files are in its own temp dir."""
+    one re-parented to init), the ``/dev/shm`` entries its processes made, and the files in the
+    test's own temp dir. Another mprl run on the machine, or another pytest-xdist worker, is
+    never counted: its processes carry no mark of this test and are not our descendants, its
+    semaphores are not named after this test, and its temp files are in its own temp dir.
+
+    :meth:`start` marks what the test starts from here on (environment, semaphore names)."""
 
     def __init__(self, mark: str, tmp: Path) -> None:
-        self.mark, self.tmp, self.shm_before = mark, tmp, shm_entries()
-        self.listeners_before = main_listeners()
+        self.mark, self.tmp = mark, tmp
+        self.semaphores = "sem." + semaphore_prefix(mark)[1:] + "-"
+
+    def start(self, monkeypatch: pytest.MonkeyPatch) -> Leftovers:
+        """Mark this process and every process the test starts, then note what exists now."""
+        monkeypatch.setenv("MPRL_TEST_MARK", self.mark)
+        path = os.environ.get("PYTHONPATH")
+        monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TAGGING), *([path] if path else [])]))
+        config = multiprocessing.process.current_process()._config  # type: ignore[attr-defined]
+        monkeypatch.setitem(config, "semprefix", semaphore_prefix(self.mark))
+        self.shm_before, self.listeners_before = shm_entries(), main_listeners()
+        return self
 
     def ours(self) -> set[int]:
         return {os.getpid(), *child_pids(os.getpid()), *marked_pids(self.mark)}
@@ -391,14 +412,17 @@ class Leftovers:
         return kids, [p for p in marked_pids(self.mark) if p not in kids]
 
     def shm(self) -> set[str]:
-        """New ``/dev/shm`` entries that are not another process's."""
+        """New ``/dev/shm`` entries of the test: its semaphores (by name), and what else no
+        process but the test's own holds (a shared tensor is held by every process using it)."""
         new = shm_entries() - self.shm_before
-        if not new:
-            return set()
-        ours = self.ours()
-        return {name for name, pids in shm_holders(new).items() if not pids - ours}
+        mine = {name for name in new if name.startswith(self.semaphores)}
+        other = {name for name in new if not name.startswith("sem.")}  # another's semaphore: not
+        if other:
+            ours = self.ours()
+            mine |= {name for name, pids in shm_holders(other).items() if not pids - ours}
+        return mine
 
-    def check(self, timeout: float = 10) -> None:
+    def check(self, timeout: float = 30) -> None:
         """Wait up to ``timeout`` s for what the test made to go, then fail naming what did not."""
         deadline = time.monotonic() + timeout
         while True:
@@ -423,12 +447,10 @@ def no_leftovers(
     temp file behind. The test (and every process it starts) gets a temp dir of its own
     (``TMPDIR``), so a leftover is the test's own whatever else runs beside it."""
     tmp_path_factory.getbasetemp()  # pytest's own temp dirs stay where they are
-    mark = uuid.uuid4().hex
     tmp = Path(tempfile.mkdtemp(prefix="mprlt-"))  # short: a Manager's socket path is in it
-    monkeypatch.setenv("MPRL_TEST_MARK", mark)
     monkeypatch.setenv("TMPDIR", str(tmp))
     monkeypatch.setattr(tempfile, "tempdir", str(tmp))
-    leftovers = Leftovers(mark, tmp)
+    leftovers = Leftovers(uuid.uuid4().hex, tmp).start(monkeypatch)
     try:
         yield
         leftovers.check()

@@ -96,8 +96,7 @@ def no_leftovers(monkeypatch: pytest.MonkeyPatch, cluster: Cluster) -> Iterator[
     """This module's leftover check (the cluster's own processes live as long as the module):
     no actor process of a run, no process the test started, no new shared memory."""
     mark = uuid.uuid4().hex
-    monkeypatch.setenv("MPRL_TEST_MARK", mark)
-    leftovers = Leftovers(mark, Path(tempfile.gettempdir()))
+    leftovers = Leftovers(mark, Path(tempfile.gettempdir())).start(monkeypatch)
     yield
     deadline = time.monotonic() + 15  # Ray reaps a killed actor's process asynchronously
     while time.monotonic() < deadline:
