@@ -187,6 +187,9 @@ class Summary:
     #: when it was found solved: ``wall_s``, ``env_steps``, ``episodes``, ``mean_return_100``
     #: (empty for a run solved before this was kept)
     solved_at: Mapping[str, Any] | None = None
+    #: the checkpoint the run can be resumed from: its ``path`` and the ``env_steps`` it holds
+    #: (``None`` for one written before this was kept); ``None`` when it ended with none
+    checkpoint: Mapping[str, Any] | None = None
 
     @property
     def exit_code(self) -> int:

@@ -3,6 +3,7 @@ progress display, periodic checkpoints, and the decision to stop."""
 
 from __future__ import annotations
 
+import errno
 import math
 import signal
 import time
@@ -84,6 +85,34 @@ def finite(x: float) -> float | None:
     return x if math.isfinite(x) else None
 
 
+#: the stop reason of a run whose metrics cannot be written (:attr:`RunMonitor.fault`)
+FAULT_STOP = "metrics could not be written"
+
+
+def write_error(exc: BaseException) -> OSError | None:
+    """The OSError behind a failed write: ``exc`` itself, or the one ``torch.save`` turned into
+    a ``RuntimeError`` ("unexpected pos ..."), which it keeps as the context."""
+    while exc is not None:
+        if isinstance(exc, OSError):
+            return exc
+        exc = exc.__context__  # type: ignore[assignment]
+    return None
+
+
+def describe_write_error(exc: BaseException) -> str:
+    """A failed write in words: "the disk is full: [Errno 28] No space left on device"."""
+    cause = write_error(exc)
+    if cause is None:
+        first = (str(exc).strip().splitlines() or [""])[0]
+        return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+    text = f"[Errno {cause.errno}] {cause.strerror}" if cause.strerror else str(cause)
+    if cause.errno == errno.ENOSPC:
+        return f"the disk is full: {text}"
+    if cause.filename:
+        text += f": {cause.filename!r}"
+    return text
+
+
 class RunMonitor:
     """Called by the backend in the main process (:class:`mprl.backends.base.Monitor`).
 
@@ -115,6 +144,12 @@ class RunMonitor:
         self.saved_steps: int | None = None  # env steps in the last checkpoint written
         self._check_after = 0  # episodes: the next policy check waits for this many
         self.thinning = EpisodeThinning(info.run.full_metrics)
+        #: why the run must stop and fail though no process failed: the metrics cannot be
+        #: written (a full disk); :data:`FAULT_STOP` is its stop reason
+        self.fault: str | None = None
+        #: why the last checkpoint write failed, while no later one succeeded
+        self.checkpoint_error: str | None = None
+        self._bad_fields: set[str] = set()  # fields of children's records already warned of
 
     def on_start(self, state: SharedState) -> None:
         self.state = state
@@ -122,12 +157,32 @@ class RunMonitor:
     def on_records(self, records: Sequence[Mapping[str, Any]]) -> None:
         out = []
         for record in records:
+            if (problem := self.stats.check(record)) is not None:
+                self._drop(record, *problem)
+                continue
             record = dict(record)
             record["wall"] = round(record.pop("time", time.time()) - self._wall0, 4)
             self.stats.add(record)  # every episode counts, written or summed up
             if "episode_return" not in record or self.thinning.keep(record):
                 out.append(record)
         self._emit(out + self.thinning.due())
+
+    def _drop(self, record: Mapping[str, Any], field: str, why: str) -> None:
+        """A child's record that would break the run's counters (``ctx.log(time="soon")``,
+        ``ctx.log(episode_return="x")``) is dropped, and the plugin named, once per field."""
+        if field in self._bad_fields:
+            return
+        self._bad_fields.add(field)
+        info = self.info
+        self.on_event(
+            {
+                "event": "record-dropped",
+                "message": f"algorithm {info.algorithm!r} (plugin {info.plugin!r}) logged "
+                f"{field}={record.get(field)!r} from {record.get('source', '?')}: {why}; the "
+                f"record is dropped, and so is every later one with a bad {field!r}",
+                "field": field,
+            }
+        )
 
     def on_event(self, record: Mapping[str, Any]) -> None:
         record = {"source": "main", "step": self.stats.env_steps, **record}
@@ -139,7 +194,14 @@ class RunMonitor:
         self._emit([record])
 
     def _emit(self, records: list[dict[str, Any]]) -> None:
-        self.rundir.append_metrics(records)
+        if self.fault is None:
+            try:
+                self.rundir.append_metrics(records)
+            except OSError as exc:  # a full disk: the run stops, its final checkpoint first
+                self.fault = (
+                    f"metrics could not be written to {self.rundir.path} "
+                    f"({describe_write_error(exc)})"
+                )
         self.pm.hook.mprl_report_metrics(run=self.info, records=records)
 
     def on_tick(self, env_steps: int, per_worker_steps: Sequence[int]) -> str | None:
@@ -155,6 +217,8 @@ class RunMonitor:
         received = self.stop_signal()
         if received is not None:
             return signal.Signals(received).name
+        if self.fault is not None:
+            return FAULT_STOP
         if self._solved():
             if not self._solved_logged:  # when, and at which mean: the summary's mean is the
                 self._solved_logged = True  # last 100 episodes when the run ended
@@ -215,7 +279,8 @@ class RunMonitor:
         """Save ``checkpoints/last.pt`` now (atomically) and log it in the metrics.
 
         A failed write (disk full, directory gone) is reported and the run goes on with the
-        previous checkpoint kept; it is not a reason to lose the run.
+        previous checkpoint kept; it is not a reason to lose the run. ``torch.save`` turns a
+        failed write into a ``RuntimeError``: caught too, and reported by its cause.
         """
         start = self._last_checkpoint = time.monotonic()
         shared = dict(self.job.state_snapshot)  # the state is not built yet: keep what was
@@ -244,15 +309,38 @@ class RunMonitor:
                     shared_state=shared,
                 )
             )
-        except OSError as exc:
-            message = f"checkpoint not written ({exc}); the previous one is kept"
+        except (OSError, RuntimeError) as exc:
+            why, where = describe_write_error(exc), self.rundir.checkpoints
+            if not where.is_dir():  # removed (or replaced) while the run goes on
+                what = "is not a directory" if where.exists() else "was removed"
+                why = f"{where} {what}: {why}"
+            self.checkpoint_error = why
+            kept = self.kept()
+            if kept is None:
+                after = "there is no earlier one: the run cannot be resumed unless one is written"
+            else:
+                held = "" if kept["env_steps"] is None else f", {kept['env_steps']:,} env steps"
+                after = f"the previous one ({kept['path']}{held}) is kept"
+            message = f"checkpoint not written ({why}); {after}"
             self.on_event({"event": "checkpoint-failed", "message": message})
             return None
         self.saved_steps = stats.env_steps
+        self.checkpoint_error = None
         record = {"source": "main", "event": "checkpoint", "step": stats.env_steps}
         record.update(wall=round(stats.wall_s, 4), path=str(path))
         self._emit([{**record, "seconds": round(time.monotonic() - start, 4)}])
         return path
+
+    def kept(self) -> dict[str, Any] | None:
+        """The checkpoint this run can be resumed from: its ``path`` and the ``env_steps`` it
+        holds (``None`` for one of an earlier session); ``None`` when there is none."""
+        path = self.rundir.checkpoints / "last.pt"
+        if not path.is_file():
+            return None
+        steps = self.saved_steps
+        if steps is None and self.job.initial_steps:  # written by the session resumed from
+            steps = sum(self.job.initial_steps)
+        return {"path": str(path), "env_steps": steps}
 
     def _main_record(self) -> dict[str, Any]:
         s = self.stats

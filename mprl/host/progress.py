@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 import sys
 import time
 from typing import Any, TextIO
@@ -41,11 +43,69 @@ def worker_rows(s: Snapshot) -> list[tuple[str, str, str, str]]:
     return rows
 
 
+class SafeStream:
+    """A text stream whose writes never raise: output must never end a run.
+
+    Once the reader is gone (``mprl run ... 2>&1 | head``, a ``tee`` killed by Ctrl-C: a
+    broken pipe; a closed terminal: EIO) every later write is dropped, and the stream's file
+    descriptor is pointed at ``/dev/null``, so that nothing else writing there (warnings, the
+    interpreter's last flush at exit) fails or complains either. A write that would block (a
+    non-blocking pipe that is full) is dropped alone. Everything else is the stream's own.
+    """
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self.broken = False
+
+    def write(self, text: str) -> int:
+        if not self.broken:
+            try:
+                return self.stream.write(text)
+            except BlockingIOError:
+                pass
+            except (OSError, ValueError):  # a closed pipe or terminal; a closed file object
+                self._break()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.broken:
+            try:
+                self.stream.flush()
+            except BlockingIOError:
+                pass
+            except (OSError, ValueError):
+                self._break()
+
+    def _break(self) -> None:
+        self.broken = True
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            fd = self.stream.fileno()
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            try:
+                os.dup2(devnull, fd)
+            finally:
+                os.close(devnull)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
+
+
+def say(text: str, stream: TextIO | None = None) -> None:
+    """Print the line ``text`` to ``stream`` (stderr by default); never raises (see
+    :class:`SafeStream`): a run's last lines too are printed where nobody may be reading."""
+    out = stream if isinstance(stream, SafeStream) else SafeStream(stream or sys.stderr)
+    out.write(text + "\n")
+    out.flush()
+
+
 class Progress:
-    """``mode``: ``"auto"`` (live on a TTY, else plain), ``"live"``, ``"plain"`` or ``"none"``."""
+    """``mode``: ``"auto"`` (live on a TTY, else plain), ``"live"``, ``"plain"`` or ``"none"``.
+
+    Nothing it shows can end a run: its stream is a :class:`SafeStream`, and whatever the live
+    display raises is dropped (the display with it)."""
 
     def __init__(self, mode: str = "auto", stream: TextIO | None = None) -> None:
-        self.stream = stream or sys.stderr
+        self.stream = SafeStream(stream or sys.stderr)
         if mode == "auto":
             mode = "live" if self.stream.isatty() else "plain"
         self.mode = mode
@@ -64,16 +124,28 @@ class Progress:
             self._live = Live(
                 console=Console(file=self.stream), refresh_per_second=4, transient=False
             )
-            self._live.start()
+            self._guarded(self._live.start)
         else:
-            print(title, file=self.stream, flush=True)
+            say(title, self.stream)
+
+    def _guarded(self, call: Any, *args: Any) -> None:
+        """``call(*args)`` of the live display; if it fails, the display is dropped."""
+        try:
+            call(*args)
+        except Exception:
+            live, self._live, self.mode = self._live, None, "none"
+            if live is not None:
+                with contextlib.suppress(Exception):
+                    live.stop()
 
     def update(self, s: Snapshot) -> None:
+        if self.stream.broken:
+            return
         if self.mode == "live" and self._live is not None:
-            self._live.update(self._render(s))
+            self._guarded(self._live.update, self._render(s))
         elif self.mode == "plain" and time.monotonic() - self._last_plain >= PLAIN_EVERY_S:
             self._last_plain = time.monotonic()
-            print(summary_line(s), file=self.stream, flush=True)
+            say(summary_line(s), self.stream)
 
     def _render(self, s: Snapshot) -> Any:
         """The live panel: totals (with the learner's latest values below), a line per worker."""
@@ -117,15 +189,16 @@ class Progress:
         live panel on a terminal, printed as it is otherwise, even with ``--quiet``."""
         out = text + (f"\n{detail.rstrip()}" if detail.strip() else "")
         if self._live is not None:
-            self._live.console.print(out, markup=False, highlight=False)
-        else:
-            print(out, file=self.stream, flush=True)
+            self._guarded(lambda: self._live.console.print(out, markup=False, highlight=False))
+        if self._live is None:  # not live, or the live display just failed
+            say(out, self.stream)
 
     def stop(self, s: Snapshot | None = None) -> None:
         if self._live is not None:
             if s is not None:
-                self._live.update(self._render(s))
-            self._live.stop()
+                self._guarded(self._live.update, self._render(s))
+            if self._live is not None:
+                self._guarded(self._live.stop)
             self._live = None
         elif self.mode == "plain" and s is not None:
-            print(summary_line(s), file=self.stream, flush=True)
+            say(summary_line(s), self.stream)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import signal
-import sys
 import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -24,10 +23,10 @@ from mprl.host import checkpoint
 from mprl.host.config import as_dict
 from mprl.host.envs import make_env
 from mprl.host.job import Prepared, prepare_job
-from mprl.host.monitor import RunMonitor, finite
+from mprl.host.monitor import RunMonitor, describe_write_error, finite
 from mprl.host.plugins import PluginManager, get_plugin_manager
 from mprl.host.policy_check import CHECK_EPISODES, PolicyCheck
-from mprl.host.progress import Progress
+from mprl.host.progress import Progress, say
 from mprl.host.rundir import RunDir
 from mprl.host.stats import RunStats
 from mprl.run_types import RunInfo, Summary
@@ -35,7 +34,11 @@ from mprl.version import __version__
 
 
 class _Signals:
-    """First SIGINT / SIGTERM asks for a clean stop; a second SIGINT forces a fast exit."""
+    """First SIGINT / SIGTERM / SIGHUP asks for a clean stop; a second SIGINT forces a fast exit.
+
+    SIGHUP (the terminal was closed, an ssh session ended) is a stop like SIGTERM, exit 129;
+    under ``nohup`` (SIGHUP ignored when the run starts) it stays ignored, as asked.
+    """
 
     def __init__(self) -> None:
         self.received: int | None = None
@@ -55,7 +58,10 @@ class _Signals:
         if threading.current_thread() is not threading.main_thread():
             yield self
             return
-        old = {s: signal.signal(s, self.handle) for s in (signal.SIGINT, signal.SIGTERM)}
+        wanted = [signal.SIGINT, signal.SIGTERM]
+        if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:  # nohup: left ignored
+            wanted.append(signal.SIGHUP)
+        old = {s: signal.signal(s, self.handle) for s in wanted}
         try:
             yield self
         finally:
@@ -220,11 +226,13 @@ def _finish(
     pm: PluginManager,
     signals: _Signals,
 ) -> Summary:
-    """Write ``summary.json``, tell the reporters, and raise :class:`RunFailed` on a crash."""
+    """Write ``summary.json``, tell the reporters, and raise :class:`RunFailed` on a crash, or
+    when the run had to stop because its metrics could not be written (a full disk)."""
     stats, job = monitor.stats, plan.job
-    status = "failed" if outcome.failures else "finished"
+    status = "failed" if outcome.failures or monitor.fault else "finished"
     if signals.received is not None:  # stopped by the user, whatever happened after
         status = "interrupted"
+    kept = monitor.kept()
     summary = Summary(
         status=status,
         stop_reason=outcome.stop_reason,
@@ -245,28 +253,77 @@ def _finish(
         failures=tuple(outcome.failures),
         signal=signals.received,
         solved_at=stats.solved_at,
+        checkpoint=kept,
     )
-    rundir.write_json("summary.json", summary.to_dict())
-    rundir.close()
+    try:
+        rundir.write_json("summary.json", summary.to_dict())
+        unwritten = ""
+    except OSError as exc:  # a full disk: said, and the run ends as it would have
+        unwritten = f"summary.json not written ({describe_write_error(exc)})"
+        if monitor.fault is None:  # else the last line says it
+            say(f"mprl: {unwritten}")
+        unwritten = "summary.json not written"
+    _close(rundir)
     pm.hook.mprl_run_end(run=info, summary=summary.to_dict())
     if signals.forced:
-        saved = monitor.saved_steps
-        print(
+        saved = None if kept is None else kept["env_steps"]
+        say(
             "mprl: forced exit (second Ctrl-C): the children were killed; "
             + (
                 "no checkpoint was written, so this run cannot be resumed"
-                if saved is None
-                else f"the checkpoint holds {saved:,} env steps (--resume {rundir.path})"
-            ),
-            file=sys.stderr,
+                if kept is None
+                else f"the checkpoint holds {saved or 0:,} env steps (--resume {rundir.path})"
+            )
         )
+    elif monitor.checkpoint_error is not None and monitor.fault is None:  # the final one failed
+        say(f"mprl: {_checkpoint_line(kept, stats.env_steps, rundir)}")
     if outcome.failures:  # reported, also when the user stopped the run
         for f in outcome.failures:
-            print(f"mprl: {f.who} {f.reason}", file=sys.stderr)
+            say(f"mprl: {f.who} {f.reason}")
             if f.traceback:
-                print(f"--- traceback of {f.who} ---\n{f.traceback.rstrip()}", file=sys.stderr)
+                say(f"--- traceback of {f.who} ---\n{f.traceback.rstrip()}")
         first = outcome.failures[0]
         if status != "failed":
             return summary
         raise RunFailed(f"{first.who} {first.reason}; run directory: {rundir.path}", summary)
+    if monitor.fault is not None:
+        if status != "failed":
+            say(f"mprl: {monitor.fault}")
+            return summary
+        after = (
+            f"the run was stopped after its final checkpoint ({stats.env_steps:,} env steps)"
+            if monitor.checkpoint_error is None
+            else _checkpoint_line(kept, stats.env_steps, rundir, either=True)
+        )
+        after += f"; {unwritten}" if unwritten else ""
+        raise RunFailed(f"{monitor.fault}: {after}; run directory: {rundir.path}", summary)
     return summary
+
+
+def _checkpoint_line(
+    kept: Mapping[str, Any] | None, env_steps: int, rundir: RunDir, either: bool = False
+) -> str:
+    """What the run's end left to resume from, when its final checkpoint was not written."""
+    if kept is None:
+        return "the run ended with no checkpoint, so it cannot be resumed"
+    held = (
+        ""
+        if kept["env_steps"] is None
+        else f" holds {kept['env_steps']:,} of {env_steps:,} env steps"
+    )
+    return (
+        f"the final checkpoint was not written{' either' * either}; the last one "
+        f"({kept['path']}){held}: "
+        f"--resume {rundir.path} continues from it"
+    )
+
+
+def _close(rundir: RunDir) -> None:
+    """Close the run directory; metrics that a full disk left unflushed are given up (each of
+    its files raises once, as it closes)."""
+    for _ in range(3):
+        try:
+            rundir.close()
+            return
+        except OSError:
+            continue

@@ -11,6 +11,19 @@ from typing import Any
 import attrs
 
 WINDOW = 100  # episodes in "mean return of the last 100", the usual solved criterion
+#: how a non-finite float travels in a record (JSON has none): ``Context.log`` makes it a string
+NON_FINITE = frozenset({"inf", "-inf", "nan"})
+
+
+def _number(value: Any, finite: bool = True) -> bool:
+    """Whether ``value`` is a real number (not a bool) that a float holds; finite if asked."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    try:
+        number = float(value)
+    except OverflowError:  # an int past a float's range
+        return False
+    return not finite or math.isfinite(number)
 
 
 @attrs.frozen
@@ -89,14 +102,35 @@ class RunStats:
     def mean_return_100(self) -> float:
         return sum(self.returns) / len(self.returns) if self.returns else math.nan
 
+    @staticmethod
+    def check(record: Mapping[str, Any]) -> tuple[str, str] | None:
+        """What is wrong with a child's record, as (field, why), or ``None`` when it can be
+        counted: the fields mprl fills in itself (``time``, ``step``, ``source``) and those of
+        an episode (``episode_return``, ``episode_length``) must be what mprl makes them. A
+        plugin's ``ctx.log(time="soon")`` or ``ctx.log(episode_return="x")`` is not."""
+        if "time" in record and not _number(record["time"]):
+            return "time", "'time' is mprl's own field (when the record was made, in seconds)"
+        if not _number(record.get("step", 0)):
+            return "step", "'step' is mprl's own field (the run's env steps, a number)"
+        if not isinstance(record.get("source", ""), str):
+            return "source", "'source' is mprl's own field (who logged it, a string)"
+        if "episode_return" in record:
+            ret = record["episode_return"]
+            if not (_number(ret, finite=False) or (isinstance(ret, str) and ret in NON_FINITE)):
+                return "episode_return", "an episode's return must be a number"
+            if not _number(record.get("episode_length", 0)):
+                return "episode_length", "an episode's length must be a number"
+        return None
+
     def add(self, record: Mapping[str, Any]) -> None:
+        """Count ``record`` (one :meth:`check` passed)."""
         if "episode_return" in record:
             ret = float(record["episode_return"])
             self.episodes += 1
             self.returns.append(ret)
             self.best_return = max(self.best_return, ret)
         for key, value in record.items():
-            if key not in ("source", "step", "time", "wall") and isinstance(value, int | float):
+            if key not in ("source", "step", "time", "wall") and _number(value, finite=False):
                 self.last_values[key] = value
 
     def set_steps(self, per_worker: Sequence[int]) -> None:

@@ -3,6 +3,7 @@ to build on (the built-in a3c, impala and ppo collect with it)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import gymnasium as gym
@@ -57,6 +58,31 @@ class ReturnNorm:
         return np.clip(scaled, -self.clip, self.clip).astype(np.float32)
 
 
+class _Beat:
+    """The heartbeat of the process that steps an :class:`EnvBatch`: building and resetting
+    thousands of envs is start-up work (``--set envs_per_worker=100000`` takes minutes, and
+    must not look like a hung worker), and a step of many envs takes long too. A no-op for a
+    context without a channel (a test's stand-in)."""
+
+    def __init__(self, ctx: Any) -> None:
+        channel = getattr(ctx, "channel", None)
+        beat = getattr(channel, "beat", None)
+        rank, workers = getattr(ctx, "rank", None), getattr(ctx, "n_workers", None)
+        ok = callable(beat) and isinstance(rank, int) and isinstance(workers, int)
+        self._beat = beat if ok else None
+        self._slot = (workers if rank < 0 else rank) if ok else 0  # type: ignore[operator]
+
+    def __call__(self, starting: bool = False) -> None:
+        if self._beat is not None:
+            self._beat(self._slot, starting=starting)
+
+    def each(self, items: Any, starting: bool = True) -> Iterator[Any]:
+        """``items``, with a beat before each (start-up work, by default)."""
+        for item in items:
+            self(starting)
+            yield item
+
+
 class EnvBatch:
     """The environments of one worker, stepped together: episode returns logged, time-limit
     truncation bootstrapped with the value of where the episode stopped, finished ones reset.
@@ -81,6 +107,8 @@ class EnvBatch:
     ) -> None:
         self.ctx, self.gamma = ctx, gamma
         self.return_norm = ReturnNorm(n, gamma) if normalize_reward else None
+        self.beat = beat = _Beat(ctx)
+        beat(starting=True)  # making and resetting the envs is start-up work
         run = getattr(ctx, "run", None)
         if pool is None and getattr(run, "env_batch", "gym") == "envpool":
             from mprl.lib.envpool import make_pool
@@ -88,13 +116,14 @@ class EnvBatch:
             pool = make_pool(run.env, [ctx.env_seed(i) for i in range(n)])
         self.pool = pool
         if pool is None:
-            self.envs = [ctx.make_env(i) for i in range(n)]
+            self.envs = [ctx.make_env(i) for i in beat.each(range(n))]
             self.dtype = obs_dtype(self.envs[0].observation_space)
-            self.obs = self._tensor(np.stack([env.reset()[0] for env in self.envs]))
+            self.obs = self._tensor(np.stack([env.reset()[0] for env in beat.each(self.envs)]))
         else:
             self.envs = []
             self.dtype = obs_dtype(pool.observation_space)
             self.obs = self._tensor(pool.reset()[0].copy())
+        beat()  # start-up is over
         self.n = n
         # Python numbers, not a numpy array
         # why: see benchmarks/README.md, "EnvBatch bookkeeping in Python numbers"
@@ -111,6 +140,7 @@ class EnvBatch:
         """Step every env with ``actions``; ``self.obs`` becomes the next observations. Returns
         the rewards and dones (views, overwritten by the next call)."""
         self.rewards[:], self.dones[:] = self._step(model, actions)
+        self.beat()  # a step of thousands of envs takes a while
         return self.rewards, self.dones
 
     def _step(self, model: ActorCritic, actions: torch.Tensor) -> tuple[Any, Any]:
@@ -195,6 +225,7 @@ class EnvBatch:
             actions.append(action)
             logps.append(logp)
             reward, done = self._step(model, action)
+            self.beat()
             rewards.append(reward)
             dones.append(done)
         obs.append(self.obs)

@@ -6,7 +6,7 @@ Supported: gymnasium's classic-control ids that EnvPool has (``CartPole-v1``, ``
 :func:`mprl.host.envs.make_atari` sets gymnasium's up: 30 no-op starts, 4 frames a step, grey
 84x84, 4 stacked, no fire on reset, sticky actions 0.25 for ``-v5`` and none for
 ``NoFrameskip-v4``, rewards clipped for learning while the raw score is logged. MuJoCo ids are
-not: EnvPool has the ``-v4`` versions only, and a ``-v5`` env is another env.
+not, whatever their version: EnvPool's MuJoCo envs are its own builds of them, not gymnasium's.
 """
 
 from __future__ import annotations
@@ -52,14 +52,20 @@ def pool_spec(env_id: str) -> tuple[str, dict[str, Any]] | None:
 def check(env_id: str) -> None:
     """Refuse ``--env-batch envpool`` where it cannot work, saying what does."""
     try:
-        import envpool  # noqa: F401
+        import envpool
     except ImportError:
         raise UsageError(f"--env-batch envpool: EnvPool is not installed: {INSTALL}") from None
-    if pool_spec(env_id) is None:
+    if pool_spec(env_id) is not None:
+        return
+    what = "mprl steps classic-control and Atari envs with EnvPool"
+    if env_id in envpool.list_all_envs():  # MuJoCo's, dm_control's, ...: not gymnasium's own
         raise UsageError(
-            f"--env-batch envpool: EnvPool has no {env_id!r} (it steps classic-control and "
-            f"Atari envs here; MuJoCo only in -v4 versions); use --env-batch gym"
+            f"--env-batch envpool: {what}, not {env_id!r} (EnvPool's own build of it is not "
+            "gymnasium's); use --env-batch gym"
         )
+    raise UsageError(
+        f"--env-batch envpool: EnvPool has no {env_id!r} ({what}); use --env-batch gym"
+    )
 
 
 def make_pool(env_id: str, seeds: Sequence[int], **settings: Any) -> Any:

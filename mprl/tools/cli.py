@@ -1,7 +1,8 @@
 """``python -m mprl``: run, plugins, plot, eval, runs.
 
-Exit codes: 0 finished, 1 the run failed (a process crashed), 2 bad usage or config (nothing was
-started), 130 / 143 stopped by SIGINT / SIGTERM after a clean shutdown.
+Exit codes: 0 finished, 1 the run failed (a process crashed, the disk filled up), 2 bad usage or
+config (nothing was started), 130 / 143 / 129 stopped by SIGINT / SIGTERM / SIGHUP after a clean
+shutdown.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from mprl.errors import RunFailed, UsageError
 from mprl.host.config import describe_fields, load_toml, parse_assignments, parse_value
 from mprl.host.options import RunOptions
 from mprl.host.plugins import PluginManager, get_plugin_manager
+from mprl.host.progress import say
 from mprl.run_types import Summary
 from mprl.version import __version__
 
@@ -209,9 +211,9 @@ def _cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser, pm: Plug
             plugins=pm, **options,
         )  # fmt: skip
     except RunFailed as exc:
-        print(f"mprl: run failed: {exc}", file=sys.stderr)
+        say(f"mprl: run failed: {exc}", sys.stderr)  # never raises: nobody may be reading
         return EXIT_FAILED
-    print(_final_line(summary))
+    say(_final_line(summary), sys.stdout)
     return summary.exit_code
 
 

@@ -192,7 +192,7 @@ def test_a_gpu_asked_for_where_there_is_none_exits_2(tmp_path, capsys):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--env", "HalfCheetah-v5"], r"--env-batch envpool: EnvPool has no 'HalfCheetah-v5' .*; use --env-batch gym"),
+        (["--env", "HalfCheetah-v5"], r"--env-batch envpool: mprl steps classic-control and Atari envs with EnvPool, not 'HalfCheetah-v5' .*; use --env-batch gym"),
         (["--env", "CartPole-v1", "--env-batch", "pool"], r"field 'env_batch': 'env_batch' must be in \('gym', 'envpool'\)"),
     ],
 )  # fmt: skip

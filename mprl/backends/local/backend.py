@@ -119,9 +119,13 @@ class LocalBackend(base.Backend):
             storages=storages + state_tensors + 3,  # + the channel's
             processes=len(job.roles()) + 1,
         )
-        job.model.share_memory()
-        for value in _optimizer_tensors(job.all_optimizers()):
-            value.share_memory_()
+
+        def put() -> None:
+            job.model.share_memory()
+            for value in _optimizer_tensors(job.all_optimizers()):
+                value.share_memory_()
+
+        preflight.share(put, "the model and the optimizer state")
         return notes
 
     def execute(self, job: Job, monitor: Monitor) -> Outcome:

@@ -8,10 +8,13 @@ predictable from what the run is about to share, so they are checked up front.
 
 from __future__ import annotations
 
+import contextlib
+import math
+import mmap
 import os
 import resource
 import shutil
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 import torch.multiprocessing
@@ -20,7 +23,9 @@ from mprl.backends import base
 from mprl.errors import UsageError
 
 SHM = "/dev/shm"
-MIB, GIB = 2**20, 2**30
+KIB, MIB, GIB = 2**10, 2**20, 2**30
+#: each shared storage is a file of its own in ``/dev/shm``, of whole pages
+PAGE = mmap.PAGESIZE
 #: the memory of one child of its own: torch, gymnasium and an env imported (see
 #: benchmarks/README.md, "A child's memory: 160 MiB")
 CHILD_BYTES = 160 * MIB
@@ -38,6 +43,20 @@ def shared_bytes(tensors: Iterable[torch.Tensor]) -> tuple[int, int]:
     return sum(seen.values()), len(seen)
 
 
+def size_text(nbytes: float) -> str:
+    """``nbytes`` for a message: MiB from 1 MiB up, KiB below (never "0 MiB" for 300 KiB)."""
+    if nbytes >= MIB:
+        return f"{nbytes / MIB:,.0f} MiB"
+    return f"{math.ceil(nbytes / KIB):,} KiB"
+
+
+def _fix(shm: str) -> str:
+    return (
+        f"Fix: free space in {shm}, give it more (docker run --shm-size=8g; or mount -o "
+        f"remount,size=8G {shm}), or make it smaller"
+    )
+
+
 def check_shm(nbytes: int, what: str, shm: str = SHM) -> None:
     """Raise :class:`UsageError` with the fix when ``nbytes`` do not fit in ``/dev/shm``."""
     if not os.path.isdir(shm):
@@ -45,10 +64,38 @@ def check_shm(nbytes: int, what: str, shm: str = SHM) -> None:
     free = shutil.disk_usage(shm).free
     if nbytes > free:
         raise UsageError(
-            f"the run needs about {nbytes / MIB:,.0f} MiB of shared memory for {what}, but "
-            f"{shm} has {free / MIB:,.0f} MiB free. Fix: free space in {shm}, give it more "
-            f"(docker run --shm-size=8g; or mount -o remount,size=8G {shm}), or make it smaller"
+            f"the run needs about {size_text(nbytes)} of shared memory for {what}, but "
+            f"{shm} has {size_text(free)} free. {_fix(shm)}"
         )
+
+
+def share(put: Callable[[], None], what: str, shm: str = SHM) -> None:
+    """``put()``: put ``what`` in shared memory. If ``shm`` fills up meanwhile (something else
+    took it since :func:`check`), torch raises and leaves the file it could not fill there:
+    it is removed, and the error says what to do. Nothing else of the run exists yet."""
+    pattern = f"torch_{os.getpid()}_"
+    before = _own_files(shm, pattern)
+    try:
+        put()
+    except RuntimeError as exc:
+        text = str(exc)
+        if "shared memory" not in text and "shm" not in text:
+            raise
+        for name in _own_files(shm, pattern) - before:
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(shm, name))
+        free = shutil.disk_usage(shm).free if os.path.isdir(shm) else 0
+        raise UsageError(
+            f"could not put {what} in shared memory ({text.strip().splitlines()[0]}); {shm} "
+            f"has {size_text(free)} free. {_fix(shm)}"
+        ) from None
+
+
+def _own_files(shm: str, prefix: str) -> set[str]:
+    try:
+        return {name for name in os.listdir(shm) if name.startswith(prefix)}
+    except OSError:
+        return set()
 
 
 def check_memory(processes: int, available: int | None = None) -> list[str]:
@@ -87,7 +134,8 @@ def check(*, shm_bytes: int, storages: int, processes: int, shm: str = SHM) -> l
     :param processes: how many child processes the run starts.
     """
     notes = check_memory(processes)
-    check_shm(shm_bytes, "its model, optimizer state and shared tensors", shm)
+    # each storage is a file of whole pages: a thousand tensors of one float take 4 MiB
+    check_shm(shm_bytes + storages * PAGE, "its model, optimizer state and shared tensors", shm)
     if torch.multiprocessing.get_sharing_strategy() == "file_descriptor":
         open_now = len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else 16
         need = open_now + storages + FDS_PER_CHILD * processes + FDS_SPARE
