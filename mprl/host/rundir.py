@@ -111,7 +111,7 @@ def refusal(run: Path, exc: OSError, *, resume: bool) -> UsageError:
                 name = None
         cause = f"{name}: {text}" if name else text
         if exc.errno == errno.EROFS:
-            cause = f"{cause} (a read-only file system)" if name else "a read-only file system"
+            cause = f"{name or 'it'} is on a read-only file system"
         fix = f"{_FIXES[exc.errno]}, or {other}" if exc.errno in _FIXES else other
     return UsageError(f"{what} run directory {str(run)!r}: {cause}; {fix}")
 

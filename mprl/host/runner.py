@@ -120,10 +120,16 @@ def run(
 
 
 def _open_rundir(plan: Prepared, run_dir: str | Path | None) -> tuple[RunDir, RunInfo]:
-    """The run directory (a new one, or the resumed run's) with ``config.json`` written."""
+    """The run directory (a new one, or the resumed run's) with ``config.json`` written.
+
+    One that cannot be made or written (a full disk, a read-only directory, a link planted in
+    it, a name too long) is refused with a :class:`UsageError` naming it before anything
+    starts, and what was made of a new one is removed; so is resuming a checkpoint other than
+    the run's ``last.pt`` in place (:func:`checkpoint.resumed_run_dir`).
+    """
     job = plan.job
     if plan.resume is not None and run_dir is None:
-        rundir = RunDir.reopen(plan.resume.file.parent.parent)
+        rundir = RunDir.reopen(checkpoint.resumed_run_dir(plan.resume.file))
     else:
         rundir = RunDir.create(run_dir, job.algorithm.name, job.run.env)
     info = RunInfo(
@@ -133,15 +139,14 @@ def _open_rundir(plan: Prepared, run_dir: str | Path | None) -> tuple[RunDir, Ru
     try:
         _write_config(rundir, plan)
     except BaseException:
-        rundir.close()
+        rundir.discard()  # what create() made; a resumed run's directory is only closed
         raise
     return rundir, info
 
 
 def _write_config(rundir: RunDir, plan: Prepared) -> None:
     job = plan.job
-    rundir.write_json(
-        "config.json",
+    rundir.write_config(
         {
             "plugin": plan.plugin,
             "plugin_version": plan.plugin_version,

@@ -108,8 +108,8 @@ def test_the_refusal_says_what_to_do():
     )
     ro = OSError(errno.EROFS, "not writable: Read-only file system", "runs/x")
     assert str(refusal(run, ro, resume=True)) == (
-        "cannot resume into run directory 'runs/x': a read-only file system; make it writable, "
-        "or resume into a new directory with --run-dir NEW_DIR"
+        "cannot resume into run directory 'runs/x': it is on a read-only file system; make it "
+        "writable, or resume into a new directory with --run-dir NEW_DIR"
     )
 
 

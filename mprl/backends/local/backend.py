@@ -36,6 +36,7 @@ from mprl.backends.supervisor import RUNNING, Child, NotStarted, Supervisor
 from mprl.backends.tensors import TensorStateBuilder
 from mprl.context import Context
 from mprl.errors import UsageError
+from mprl.files import open_new
 from mprl.run_types import ChildFailure
 from mprl.schema import SharedState
 
@@ -59,7 +60,7 @@ def _child_main(
     next to it (``RUN_DIR/logs/worker-0.prof``; read them with ``python -m pstats``).
     """
     init_child(mp.current_process().name, leftovers=leftovers)
-    stacks = open(stack_file, "w")  # noqa: SIM115 - open for the life of the process
+    stacks = open(stack_file, "w", opener=open_new)  # noqa: SIM115 - for the process's life
     faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
     profile = os.environ.get("MPRL_PROFILE") == "1"
     ended = run_child(
