@@ -213,3 +213,7 @@ class Backend:
         """Start the job's processes, supervise them, stop them, and report how the job ended.
         Must not return while any process it started is alive."""
         raise NotImplementedError
+
+    def close(self) -> None:
+        """Release what :meth:`prepare` acquired (a cluster connection); called once after the
+        run, also when it never executed (a run directory that could not be made)."""

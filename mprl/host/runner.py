@@ -65,8 +65,8 @@ class _Signals:
         try:
             yield self
         finally:
-            for s, h in old.items():
-                signal.signal(s, h)
+            for s, h in old.items():  # None: one set outside Python (Ray's), not restorable
+                signal.signal(s, h if h is not None else signal.SIG_DFL)
 
 
 def run(
@@ -102,6 +102,19 @@ def run(
     plan = prepare_job(pm, plugin, config, {**options, **run_options}, resume)
     backend = pm.backend(plan.job.run.backend)
     notes = backend.prepare(plan.job)
+    with contextlib.closing(backend):  # what prepare() opened (a cluster connection)
+        return _run_prepared(plan, backend, notes, run_dir, progress, pm)
+
+
+def _run_prepared(
+    plan: Prepared,
+    backend: Backend,
+    notes: list[str],
+    run_dir: str | Path | None,
+    progress: str,
+    pm: PluginManager,
+) -> Summary:
+    """The run of a prepared job: its run directory, the backend's execution, the summary."""
     rundir, info = _open_rundir(plan, run_dir)
     signals = _Signals()
     # the run directory stays locked until the run is over, however it ends; from here on a

@@ -32,7 +32,7 @@ from mprl.backends import base
 from mprl.backends.base import Job, Monitor, Outcome
 from mprl.backends.processes import ManagerServer
 from mprl.backends.ray import cluster
-from mprl.backends.supervisor import RUNNING, Child, NotStarted, Supervisor
+from mprl.backends.supervisor import RUNNING, Child, Supervisor
 from mprl.context import Context
 from mprl.errors import UsageError
 from mprl.run_types import ChildFailure
@@ -58,11 +58,18 @@ class RayBackend(base.Backend):
 
     name = "ray"
 
+    def __init__(self) -> None:
+        self.connected = False  # this run started or joined Ray, and leaves it in close()
+        self.session: Path | None = None  # an embedded Ray's, removed unless the run failed
+        self.failed = True
+
     def prepare(self, job: Job) -> list[str]:
         """Refuse what cannot run across machines, before anything starts: Ray missing,
-        shared-memory fields, Hogwild, bad resource options."""
+        shared-memory fields, Hogwild; then join the cluster (or start Ray here) and refuse a
+        run it cannot hold. A cluster that cannot be joined is bad usage too (exit 2): nothing
+        is made before it is joined."""
         try:
-            import ray  # noqa: F401
+            import ray
         except ImportError:
             raise UsageError(f"--backend ray needs Ray, an optional extra: {INSTALL}") from None
         name = job.algorithm.name
@@ -78,10 +85,52 @@ class RayBackend(base.Backend):
                 "needs the model in one machine's memory; on --backend ray use an algorithm "
                 "with a train process (impala, ppo), or run it with --backend local"
             )
+        import ray
+
+        # before mprl's signal handlers go in: Ray's init sets its own
+        if not ray.is_initialized():  # else the caller's session, left as it is
+            address = job.run.of(cluster.RayOptions).ray_address or os.environ.get(
+                "RAY_ADDRESS", ""
+            )
+            self.session = cluster.connect(address, _cpus_needed(job))
+            self.connected = True
+        if reason := cluster.too_big(_resources_needed(job)):
+            self.close()
+            raise UsageError(reason)
         return []
 
     def execute(self, job: Job, monitor: Monitor) -> Outcome:
-        return _RaySupervisor(job, monitor).execute()
+        outcome = _RaySupervisor(job, monitor, self.session).execute()
+        self.failed = bool(outcome.failures)
+        return outcome
+
+    def close(self) -> None:
+        import ray
+
+        if not self.connected:  # the caller's session stays as it was
+            return
+        self.connected = False
+        ray.shutdown()  # a runtime this run started stops; a cluster stays up
+        if self.session is not None and not self.failed:
+            cluster.remove_session(self.session)
+
+
+def _learner(job: Job) -> dict[str, float]:
+    return cluster.learner_resources(job.run.of(cluster.RayOptions).learner_resources)
+
+
+def _cpus_needed(job: Job) -> float:
+    workers = job.run.workers * job.run.of(cluster.RayOptions).worker_cpus
+    return workers + (_learner(job).get("CPU", 0.0) if job.algorithm.train else 0.0)
+
+
+def _resources_needed(job: Job) -> dict[str, float]:
+    need: dict[str, float] = {"CPU": _cpus_needed(job)}
+    if job.algorithm.train:
+        for key, value in _learner(job).items():
+            if key != "CPU":
+                need[key] = need.get(key, 0.0) + value
+    return need
 
 
 @attrs.define(eq=False)
@@ -109,22 +158,21 @@ class _RaySupervisor(Supervisor):
     kill_words = "its actor was killed"
     child_type = _RayChild
 
-    def __init__(self, job: Job, monitor: Monitor) -> None:
+    def __init__(self, job: Job, monitor: Monitor, session: Path | None) -> None:
         super().__init__(job, monitor)
+        self.session = session  # an embedded Ray's: where its logs are
         self.initial = list(job.initial_steps) or [0] * (job.run.workers + 2)
         for child in self._children():
             child.base_steps = self.initial[child.role.slot]
         self.authkey = secrets.token_bytes(32)
         self.options = job.run.of(cluster.RayOptions)
-        self.learner = cluster.learner_resources(self.options.learner_resources)
+        self.learner = _learner(job)
         self.model_ref: list[Any] | None = None
         self.hub_info: dict[str, Any] | None = None  # the hub's versions and totals, to pass on
         self.model_gen = 0
         self.last_sync = time.monotonic()
         self.hub: Any = None
         self.server: ManagerServer | None = None
-        self.connected = False  # this run started or joined Ray (and leaves it at the end)
-        self.session: Path | None = None  # an embedded Ray's, removed after the run
 
     def _children(self) -> list[_RayChild]:
         return self.children  # type: ignore[return-value]
@@ -134,16 +182,6 @@ class _RaySupervisor(Supervisor):
     def build_state(self) -> tuple[SharedState, str | None]:
         import ray
 
-        if not ray.is_initialized():  # else the caller's session, left as it is
-            address = self.options.ray_address or os.environ.get("RAY_ADDRESS", "")
-            try:
-                self.session = cluster.connect(address, self._cpus_needed())
-            except Exception as exc:  # an address with no cluster, a missing token ...
-                failed = ChildFailure("Ray cluster", -1, None, cluster.unreachable(exc))
-                raise NotStarted(Outcome("failed", [failed])) from None
-            self.connected = True
-        if reason := cluster.too_big(self._resources_needed()):
-            raise NotStarted(Outcome("failed", [ChildFailure("Ray cluster", -1, None, reason)]))
         from mprl.backends.ray.transport import RayStateBuilder
 
         self.hub = self._hub_host()
@@ -156,18 +194,6 @@ class _RaySupervisor(Supervisor):
         job = self.job
         builder = RayStateBuilder(manager, self.hub, job.model, job.algorithm.make_model)
         return job.build_state(builder)
-
-    def _cpus_needed(self) -> float:
-        workers = self.job.run.workers * self.options.worker_cpus
-        return workers + (self.learner.get("CPU", 0.0) if self.job.algorithm.train else 0.0)
-
-    def _resources_needed(self) -> dict[str, float]:
-        need: dict[str, float] = {"CPU": self._cpus_needed()}
-        if self.job.algorithm.train:
-            for key, value in self.learner.items():
-                if key != "CPU":
-                    need[key] = need.get(key, 0.0) + value
-        return need
 
     def _hub_host(self) -> Any:
         """The actor that hosts the run's transport hub: the train process's (made now, before
@@ -457,15 +483,8 @@ class _RaySupervisor(Supervisor):
             ray.kill(self.hub, no_restart=True)
         if self.server is not None:
             self.server.shutdown()
-        if not self.connected:  # the caller's session stays as it was
-            return
-        ray.shutdown()  # a runtime this run started stops; a cluster stays up
-        if self.session is None:
-            return
-        if self.outcome is None or self.outcome.failures:
+        if self.session is not None and (self.outcome is None or self.outcome.failures):
             self.event("ray-logs", f"Ray's logs of this run are in {self.session}/logs")
-        else:
-            cluster.remove_session(self.session)
 
 
 def _transport_fields(state: Any) -> list[str]:

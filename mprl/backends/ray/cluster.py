@@ -9,6 +9,7 @@ import math
 import os
 import shutil
 import socket
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -88,15 +89,20 @@ def actor_options(resources: Mapping[str, float]) -> dict[str, Any]:
     return out
 
 
+#: the longest joining a cluster may take before it is given up
+CONNECT_TIMEOUT_S = 60.0
+
+
 def connect(address: str, cpus_needed: float) -> Path | None:
     """Join the Ray cluster at ``address``, or start Ray on this machine for the run when it is
-    empty; the embedded Ray's session directory (``None`` for a cluster)."""
+    empty; the embedded Ray's session directory (``None`` for a cluster). Raises
+    :class:`UsageError` naming the address when there is no Ray cluster to join."""
     import ray
 
     quiet = {"log_to_driver": False, "logging_level": "WARNING"}
     if address:
-        reachable(address)  # ray.init would retry an address with nobody there for minutes
-        ray.init(address=address, **quiet)
+        check_address(address)  # ray.init would retry one with no Ray there for minutes
+        _in_time(lambda: ray.init(address=address, **quiet), address)
         return None
     ray.init(
         address="local",
@@ -110,6 +116,69 @@ def connect(address: str, cpus_needed: float) -> Path | None:
         node = ray._private.worker._global_node  # no public accessor
         return Path(node.get_session_dir_path())
     return None
+
+
+def _in_time(join: Any, address: str) -> None:
+    """``join()`` in a thread, waited for at most :data:`CONNECT_TIMEOUT_S` from this one, so
+    Ctrl-C keeps working (a KeyboardInterrupt here; Ray's wait would swallow it)."""
+    failed: list[BaseException] = []
+
+    def attempt() -> None:
+        try:
+            join()
+        except BaseException as exc:
+            failed.append(exc)
+
+    thread = threading.Thread(target=attempt, name="mprl-ray-connect", daemon=True)
+    thread.start()
+    thread.join(CONNECT_TIMEOUT_S)
+    if thread.is_alive():
+        raise UsageError(
+            f"--ray-address {address}: no Ray cluster answered in {CONNECT_TIMEOUT_S:g} s; "
+            "check the address and that `ray start --head` runs there"
+        )
+    if failed:
+        raise UsageError(unreachable(failed[0], address)) from None
+
+
+def check_address(address: str) -> None:
+    """Refuse an address that is not ``HOST:PORT`` (``[IPv6]:PORT``), ``auto`` or ``ray://...``,
+    or where nothing answers, or where what answers is no Ray cluster (its GCS speaks gRPC)."""
+    if address == "auto" or address.startswith("ray://"):
+        return
+    host, _, port = address.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise UsageError(
+            f"--ray-address {address!r}: expected HOST:PORT (port 1-65535), auto or "
+            "ray://HOST:PORT, e.g. --ray-address 10.0.0.5:6379"
+        )
+    try:
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            grpc = _speaks_grpc(sock)
+    except OSError as exc:
+        raise UsageError(
+            f"--ray-address {address}: nothing answers there ({exc.strerror or exc}); check the "
+            "address and that `ray start --head` runs there"
+        ) from None
+    if not grpc:
+        raise UsageError(
+            f"--ray-address {address}: something answers there, but not a Ray cluster (no "
+            "gRPC); give the port `ray start --head` printed (6379 by default)"
+        )
+
+
+def _speaks_grpc(sock: socket.socket) -> bool:
+    """Whether the server on ``sock`` answers an HTTP/2 preface with a SETTINGS frame, as a
+    gRPC server (Ray's GCS) does; an HTTP/1 server answers otherwise or not at all."""
+    preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+    try:
+        sock.settimeout(5)
+        sock.sendall(preface)
+        head = sock.recv(9)
+    except OSError:
+        return False
+    return len(head) >= 4 and head[3] == 4  # frame type 4: SETTINGS
 
 
 def remove_session(session: Path) -> None:
@@ -129,30 +198,18 @@ def too_big(need: Mapping[str, float]) -> str | None:
     short = {k: (v, have.get(k, 0.0)) for k, v in need.items() if have.get(k, 0.0) < v}
     if not short:
         return None
-    what = ", ".join(f"{v:g} {k} (the cluster has {h:g})" for k, (v, h) in short.items())
+    what = ", ".join(f"{v:g} {k} (it has {h:g})" for k, (v, h) in short.items())
     return (
-        f"the Ray cluster cannot hold this run: it needs {what}; use fewer --workers, "
+        f"the Ray cluster cannot hold this run: the run needs {what}; use fewer --workers, "
         "a smaller --worker-cpus / --learner-resources, or add nodes"
     )
 
 
-def reachable(address: str, timeout: float = 10.0) -> None:
-    """Raise ``ConnectionError`` unless something listens at ``address`` (``HOST:PORT``; Ray's
-    other forms, ``auto`` or ``ray://``, are left to Ray)."""
-    host, _, port = address.rpartition(":")
-    if not host or not port.isdigit() or "://" in address:
-        return
-    try:
-        socket.create_connection((host, int(port)), timeout=timeout).close()
-    except OSError as exc:
-        raise ConnectionError(f"nothing answers at {address}: {exc}") from None
-
-
-def unreachable(exc: BaseException) -> str:
+def unreachable(exc: BaseException, address: str) -> str:
     return (
-        f"cannot join the Ray cluster ({cause(exc)}); check --ray-address / RAY_ADDRESS, that "
-        "`ray start --head` runs there, and that this machine holds the cluster's token "
-        "(~/.ray/auth_token)"
+        f"cannot join the Ray cluster at {address} ({cause(exc)}); check --ray-address / "
+        "RAY_ADDRESS, that `ray start --head` runs there, and that this machine holds the "
+        "cluster's token (~/.ray/auth_token)"
     )
 
 
