@@ -407,9 +407,10 @@ class Leftovers:
         return {os.getpid(), *child_pids(os.getpid()), *marked_pids(self.mark)}
 
     def processes(self) -> tuple[list[int], list[int]]:
-        """(children of this process, orphans of the test), the resource tracker left out."""
-        kids = _non_tracker(child_pids(os.getpid()))
-        return kids, [p for p in marked_pids(self.mark) if p not in kids]
+        """(children of this process, orphans of the test), this process's resource tracker left
+        out (it lives as long as this process, whichever test happened to start it)."""
+        family = child_pids(os.getpid())
+        return _non_tracker(family), [p for p in marked_pids(self.mark) if p not in family]
 
     def shm(self) -> set[str]:
         """New ``/dev/shm`` entries of the test: its semaphores (by name), and what else no
