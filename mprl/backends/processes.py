@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import glob
+import math
 import multiprocessing as mp
 import os
 import shutil
@@ -19,9 +20,14 @@ from multiprocessing.managers import SyncManager
 from pathlib import Path
 from typing import Any
 
-from mprl.backends.base import describe_exit
+from mprl.backends.base import available_memory, describe_exit
+from mprl.errors import UsageError
 from mprl.run_types import ChildFailure
 
+KIB, MIB, GIB = 2**10, 2**20, 2**30
+#: the memory of one child of its own: torch, gymnasium and an env imported (see
+#: benchmarks/README.md, "A child's memory: 160 MiB")
+CHILD_BYTES = 160 * MIB
 PARENT_DIED_EXIT = 70  # a child's exit code when it left because the main process died
 #: seconds the Manager server may stay stopped (SIGSTOP, a debugger) before it is killed: every
 #: read of shared state waits on it, the main process's too, with no timeout of its own
@@ -119,6 +125,51 @@ def child_environment(threads: int) -> Iterator[None]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+def size_text(nbytes: float) -> str:
+    """``nbytes`` for a message: MiB from 1 MiB up, KiB below (never "0 MiB" for 300 KiB)."""
+    if nbytes >= MIB:
+        return f"{nbytes / MIB:,.0f} MiB"
+    return f"{math.ceil(nbytes / KIB):,} KiB"
+
+
+def check_memory(processes: int, available: int | None = None, shared_bytes: int = 0) -> list[str]:
+    """Refuse a run whose child processes and shared state (model, optimizer state, replay
+    buffers, rollouts: ``shared_bytes``) cannot fit the machine's memory; a note when they take
+    most of it, or when each process would get little of a core. ``available``: the free
+    memory (default: what the machine says)."""
+    available = available_memory() if available is None else available
+    own = processes * CHILD_BYTES
+    need = own + shared_bytes
+    notes = []
+    if available is not None and need > available and shared_bytes > own:
+        raise UsageError(
+            f"the run's shared state (model, optimizer state, replay buffers, rollouts) takes "
+            f"about {size_text(shared_bytes)}, and its {processes} processes about "
+            f"{size_text(own)}: more than the {available / GIB:.1f} GiB this machine has "
+            "available. Make the buffers smaller (their sizes in the algorithm's config, e.g. "
+            "--set buffer_size=...)"
+        )
+    if available is not None and need > available:
+        raise UsageError(
+            f"the run would start {processes} processes of about {CHILD_BYTES // MIB} MiB each "
+            f"(torch and the envs in every one): {need / GIB:.1f} GiB, more than the "
+            f"{available / GIB:.1f} GiB this machine has available. Use fewer workers "
+            f"(--workers {max(1, (available - shared_bytes) // CHILD_BYTES - 2)} at most here)"
+        )
+    if available is not None and need > 0.8 * available:
+        notes.append(
+            f"{processes} processes take about {need / GIB:.1f} GiB of the "
+            f"{available / GIB:.1f} GiB available: the machine may start swapping"
+        )
+    cores = os.cpu_count() or 1
+    if processes > 4 * cores:
+        notes.append(
+            f"{processes} processes on {cores} cores: each gets about {100 * cores // processes}% "
+            "of a core, and starting them takes a while (start-up gets more time accordingly)"
+        )
+    return notes
 
 
 class ManagerServer:

@@ -69,3 +69,23 @@ def test_a_port_where_something_else_answers_is_refused_as_no_ray_cluster(
     code, err, took = _run(capsys, tmp_path, f"127.0.0.1:{http_port}")
     assert code == 2 and took < 30
     assert "something answers there, but not a Ray cluster" in err
+
+
+def test_a_ray_run_on_this_machine_that_cannot_fit_its_memory_is_refused(capsys, tmp_path):
+    """Ray started here puts every actor on this machine: the local backend's memory check
+    applies (issue 27, item 22), before Ray is started."""
+    code, err = cli_here(
+        capsys, "run", "--plugin", "impala", "--backend", "ray", "--workers", "400",
+        "--run-dir", str(tmp_path / "run"), "--quiet",
+    )  # fmt: skip
+    assert code == 2 and "the run would start 404 processes of about 160 MiB each" in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_shared_state_counts_against_memory_too():
+    from mprl.backends.processes import CHILD_BYTES, check_memory
+    from mprl.errors import UsageError
+
+    with pytest.raises(UsageError, match=r"shared state .* takes about 4,000 MiB.*buffer_size"):
+        check_memory(2, shared_bytes=4000 * 2**20, available=3 * 2**30)
+    assert check_memory(2, shared_bytes=0, available=1000 * CHILD_BYTES) == []

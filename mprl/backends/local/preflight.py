@@ -9,7 +9,6 @@ predictable from what the run is about to share, so they are checked up front.
 from __future__ import annotations
 
 import contextlib
-import math
 import mmap
 import os
 import resource
@@ -19,16 +18,14 @@ from collections.abc import Callable, Iterable
 import torch
 import torch.multiprocessing
 
-from mprl.backends import base
+from mprl.backends.processes import CHILD_BYTES, GIB, KIB, MIB, check_memory, size_text
 from mprl.errors import UsageError
 
+__all__ = ["CHILD_BYTES", "GIB", "KIB", "MIB", "check", "check_memory", "size_text"]
+
 SHM = "/dev/shm"
-KIB, MIB, GIB = 2**10, 2**20, 2**30
 #: each shared storage is a file of its own in ``/dev/shm``, of whole pages
 PAGE = mmap.PAGESIZE
-#: the memory of one child of its own: torch, gymnasium and an env imported (see
-#: benchmarks/README.md, "A child's memory: 160 MiB")
-CHILD_BYTES = 160 * MIB
 #: descriptors each child costs the main process (sentinel, pipes) with room to spare
 FDS_PER_CHILD = 8
 FDS_SPARE = 64
@@ -41,13 +38,6 @@ def shared_bytes(tensors: Iterable[torch.Tensor]) -> tuple[int, int]:
         storage = t.untyped_storage()
         seen[storage.data_ptr()] = storage.nbytes()
     return sum(seen.values()), len(seen)
-
-
-def size_text(nbytes: float) -> str:
-    """``nbytes`` for a message: MiB from 1 MiB up, KiB below (never "0 MiB" for 300 KiB)."""
-    if nbytes >= MIB:
-        return f"{nbytes / MIB:,.0f} MiB"
-    return f"{math.ceil(nbytes / KIB):,} KiB"
 
 
 def _fix(shm: str) -> str:
@@ -98,34 +88,6 @@ def _own_files(shm: str, prefix: str) -> set[str]:
         return set()
 
 
-def check_memory(processes: int, available: int | None = None) -> list[str]:
-    """Refuse a run whose child processes cannot fit the machine's memory; a note when they
-    take most of it, or when each would get little of a core. ``available``: the free memory
-    (default: what the machine says)."""
-    available = base.available_memory() if available is None else available
-    need = processes * CHILD_BYTES
-    notes = []
-    if available is not None and need > available:
-        raise UsageError(
-            f"the run would start {processes} processes of about {CHILD_BYTES // MIB} MiB each "
-            f"(torch and the envs in every one): {need / GIB:.1f} GiB, more than the "
-            f"{available / GIB:.1f} GiB this machine has available. Use fewer workers "
-            f"(--workers {max(1, available // CHILD_BYTES - 2)} at most here)"
-        )
-    if available is not None and need > 0.8 * available:
-        notes.append(
-            f"{processes} processes take about {need / GIB:.1f} GiB of the "
-            f"{available / GIB:.1f} GiB available: the machine may start swapping"
-        )
-    cores = os.cpu_count() or 1
-    if processes > 4 * cores:
-        notes.append(
-            f"{processes} processes on {cores} cores: each gets about {100 * cores // processes}% "
-            "of a core, and starting them takes a while (start-up gets more time accordingly)"
-        )
-    return notes
-
-
 def check(*, shm_bytes: int, storages: int, processes: int, shm: str = SHM) -> list[str]:
     """Raise :class:`UsageError` when the run cannot fit; return notes on what was adjusted.
 
@@ -133,9 +95,9 @@ def check(*, shm_bytes: int, storages: int, processes: int, shm: str = SHM) -> l
     :param storages: how many shared storages (one open file each, with ``file_descriptor``).
     :param processes: how many child processes the run starts.
     """
-    notes = check_memory(processes)
     # each storage is a file of whole pages: a thousand tensors of one float take 4 MiB
     check_shm(shm_bytes + storages * PAGE, "its model, optimizer state and shared tensors", shm)
+    notes = check_memory(processes, shared_bytes=shm_bytes)  # what is shared is memory too
     if torch.multiprocessing.get_sharing_strategy() == "file_descriptor":
         open_now = len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else 16
         need = open_now + storages + FDS_PER_CHILD * processes + FDS_SPARE

@@ -30,7 +30,7 @@ import attrs
 
 from mprl.backends import base
 from mprl.backends.base import Job, Monitor, Outcome
-from mprl.backends.processes import ManagerServer
+from mprl.backends.processes import ManagerServer, check_memory
 from mprl.backends.ray import cluster
 from mprl.backends.supervisor import RUNNING, Child, Supervisor
 from mprl.context import Context
@@ -43,6 +43,8 @@ INSTALL = cluster.INSTALL
 SYNC_S = 1.0
 #: seconds children get to return after the stop flag, before their actors are killed
 STOP_GRACE_S = 5.0
+#: Ray's own processes on a machine it runs on (GCS, raylet, agents), counted as children
+RAY_PROCESSES = 3
 #: the longest one answer from an actor (a poll, the final state) is awaited
 CALL_TIMEOUT_S = 30.0
 
@@ -87,17 +89,20 @@ class RayBackend(base.Backend):
             )
         import ray
 
+        notes: list[str] = []
         # before mprl's signal handlers go in: Ray's init sets its own
         if not ray.is_initialized():  # else the caller's session, left as it is
             address = job.run.of(cluster.RayOptions).ray_address or os.environ.get(
                 "RAY_ADDRESS", ""
             )
+            if not address:  # every actor on this machine, and Ray's own processes
+                notes = check_memory(len(job.roles()) + RAY_PROCESSES, None, _state_bytes(job))
             self.session = cluster.connect(address, _cpus_needed(job))
             self.connected = True
         if reason := cluster.too_big(_resources_needed(job)):
             self.close()
             raise UsageError(reason)
-        return []
+        return notes
 
     def execute(self, job: Job, monitor: Monitor) -> Outcome:
         outcome = _RaySupervisor(job, monitor, self.session).execute()
@@ -113,6 +118,13 @@ class RayBackend(base.Backend):
         ray.shutdown()  # a runtime this run started stops; a cluster stays up
         if self.session is not None and not self.failed:
             cluster.remove_session(self.session)
+
+
+def _state_bytes(job: Job) -> int:
+    """What the run holds besides its processes: the model, and the shared state (replay
+    buffers and rollouts live in the hub's actor)."""
+    model = sum(t.numel() * t.element_size() for t in job.model.state_dict().values())
+    return job.algorithm.schema.memory(job.dims)[0] + 3 * model  # + optimizer moments
 
 
 def _learner(job: Job) -> dict[str, float]:
