@@ -75,10 +75,21 @@ def _fault(ctx: mprl.Context) -> None:
         threading.Event().wait(3600)  # no heartbeat from here on
 
 
+@attrs.frozen
+class RelayOptions:
+    relay_tag: str = attrs.field(default="", metadata={"help": "a tag every process logs back"})
+
+
+@mprl.hookimpl
+def mprl_register_options(register):
+    register(RelayOptions)
+
+
 def worker(ctx: mprl.Context) -> None:
     cfg: RelayConfig = ctx.config
     env = ctx.make_env()
     state = ctx.state
+    ctx.log(tag=ctx.run.of(RelayOptions).relay_tag, step_sleep=cfg.step_sleep)
     if ctx.restarts == 0:
         state.gate.wait(timeout=120)  # every worker of the first start meets here
     state.met[ctx.rank] = True
@@ -109,6 +120,7 @@ def worker(ctx: mprl.Context) -> None:
 
 def train(ctx: mprl.Context) -> None:
     state, model = ctx.state, ctx.model
+    ctx.log(tag=ctx.run.of(RelayOptions).relay_tag)
     while (episode := ctx.get(state.episodes)) is not None:
         _, length = episode
         loss = model(torch.zeros(1, model.policy.in_features)).sum() * 0.0

@@ -124,6 +124,19 @@ class ProbeConfig:
     )
 
 
+@attrs.frozen
+class ProbeOptions:
+    """A run option this plugin owns: every process logs it back (a value from the command
+    line to a child and back)."""
+
+    probe_tag: str = attrs.field(default="", metadata={"help": "a tag every process logs back"})
+
+
+@mprl.hookimpl
+def mprl_register_options(register):
+    register(ProbeOptions)
+
+
 def inject(ctx: mprl.Context, fault: str) -> None:
     """Make ``fault`` happen in this process now."""
     if fault == "raise":
@@ -227,6 +240,8 @@ def probe_worker(ctx: mprl.Context) -> None:
         rank=ctx.rank,
         restarts=ctx.restarts,
         pid=os.getpid(),
+        tag=ctx.run.of(ProbeOptions).probe_tag,
+        step_sleep=ctx.config.step_sleep,
     )
     ctx.state.ready[ctx.rank] = True
     # every worker steps, however slowly the others start; should_stop() keeps the heartbeat
@@ -269,7 +284,11 @@ def probe_train(ctx: mprl.Context) -> None:
         if ctx.config.trainer_fault != "none" and ctx.env_steps >= ctx.config.fault_at_step:
             inject(ctx, ctx.config.trainer_fault)
         time.sleep(0.05)
-    ctx.log(trainer_saw_visits=sum(ctx.state.visits), trainer_seen=float(ctx.state.seen.sum()))
+    ctx.log(
+        trainer_saw_visits=sum(ctx.state.visits),
+        trainer_seen=float(ctx.state.seen.sum()),
+        tag=ctx.run.of(ProbeOptions).probe_tag,
+    )
 
 
 @mprl.hookimpl

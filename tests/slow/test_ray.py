@@ -385,3 +385,19 @@ def test_sigterm_and_sigint_to_a_ray_driver_stop_it_cleanly(cluster, tmp_path, w
     assert "Traceback" not in stderr and "TypeError" not in stderr, stderr
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "interrupted" and summary["signal"] == sig
+
+
+def test_a_flag_and_a_config_value_reach_every_actor_and_come_back(cluster, tmp_path):
+    """The data of one run from the command line to each actor on its node, and back."""
+    run_dir = tmp_path / "run"
+    done = run_ray(cluster, "--plugin", "relay", "--workers", "2", *WORKER,
+                   "--total-steps", "300", "--relay-tag", "from-the-cli",
+                   "--set", "step_sleep=0.0015", "--run-dir", str(run_dir))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    records = read_metrics(run_dir)
+    tagged = {r["source"]: r for r in records if "tag" in r}
+    assert set(tagged) == {"worker:0", "worker:1", "trainer"}
+    assert {r["tag"] for r in tagged.values()} == {"from-the-cli"}
+    assert tagged["worker:1"]["step_sleep"] == 0.0015
+    nodes = {r["node_id"] for r in records if r.get("event") == "placed" and r["rank"] >= 0}
+    assert len(nodes) == 2  # the workers ran on two nodes
