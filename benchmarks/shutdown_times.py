@@ -136,6 +136,7 @@ def main() -> None:
     cases = [
         ("a3c: SIGINT to main", a3c, _signal(signal.SIGINT)),
         ("a3c: SIGTERM to main", a3c, _signal(signal.SIGTERM)),
+        ("a3c: SIGHUP to main (the terminal closed)", a3c, _signal(signal.SIGHUP)),
         ("a3c: SIGKILL to main (children exit by themselves)", a3c, _signal(signal.SIGKILL)),
         ("a3c: SIGKILL to worker 1, no restarts", a3c, _kill_child("mprl-worker-1")),
         ("a3c: SIGKILL to worker 1, --max-restarts 1, then SIGINT after its restart",

@@ -149,6 +149,7 @@ class RunMonitor:
         self.fault: str | None = None
         #: why the last checkpoint write failed, while no later one succeeded
         self.checkpoint_error: str | None = None
+        self._failure_shown: str | None = None  # the message of that failure, shown once
         self._bad_fields: set[str] = set()  # fields of children's records already warned of
 
     def on_start(self, state: SharedState) -> None:
@@ -173,24 +174,27 @@ class RunMonitor:
         if field in self._bad_fields:
             return
         self._bad_fields.add(field)
-        info = self.info
+        info, value = self.info, repr(record.get(field))
+        value = value if len(value) <= 60 else value[:57] + "..."
         self.on_event(
             {
                 "event": "record-dropped",
                 "message": f"algorithm {info.algorithm!r} (plugin {info.plugin!r}) logged "
-                f"{field}={record.get(field)!r} from {record.get('source', '?')}: {why}; the "
-                f"record is dropped, and so is every later one with a bad {field!r}",
+                f"{field}={value} from {record.get('source', '?')}: {why}; the record is "
+                f"dropped, and so is every later one with a bad {field!r}",
                 "field": field,
             }
         )
 
-    def on_event(self, record: Mapping[str, Any]) -> None:
+    def on_event(self, record: Mapping[str, Any], show: bool = True) -> None:
+        """Log a supervision event, and show it (``show``)."""
         record = {"source": "main", "step": self.stats.env_steps, **record}
         record["wall"] = round(time.time() - self._wall0, 4)
         if record["event"] == "restart":
             self.stats.restarts += 1
         tb = record.pop("traceback", "")
-        self.progress.message(f"mprl: {record['message']}", tb)
+        if show:
+            self.progress.message(f"mprl: {record['message']}", tb)
         self._emit([record])
 
     def _emit(self, records: list[dict[str, Any]]) -> None:
@@ -322,10 +326,11 @@ class RunMonitor:
                 held = "" if kept["env_steps"] is None else f", {kept['env_steps']:,} env steps"
                 after = f"the previous one ({kept['path']}{held}) is kept"
             message = f"checkpoint not written ({why}); {after}"
-            self.on_event({"event": "checkpoint-failed", "message": message})
+            shown, self._failure_shown = self._failure_shown, message  # said once, logged always
+            self.on_event({"event": "checkpoint-failed", "message": message}, message != shown)
             return None
         self.saved_steps = stats.env_steps
-        self.checkpoint_error = None
+        self.checkpoint_error = self._failure_shown = None
         record = {"source": "main", "event": "checkpoint", "step": stats.env_steps}
         record.update(wall=round(stats.wall_s, 4), path=str(path))
         self._emit([{**record, "seconds": round(time.monotonic() - start, 4)}])
