@@ -53,9 +53,9 @@ class SafeStream:
     non-blocking pipe that is full) is dropped alone. Everything else is the stream's own.
     """
 
-    def __init__(self, stream: TextIO) -> None:
+    def __init__(self, stream: TextIO | None) -> None:
         self.stream = stream
-        self.broken = False
+        self.broken = stream is None  # Python's own when it started with the descriptor closed
 
     def write(self, text: str) -> int:
         if not self.broken:
@@ -90,10 +90,16 @@ class SafeStream:
         return getattr(self.stream, name)
 
 
-def say(text: str, stream: TextIO | None = None) -> None:
-    """Print the line ``text`` to ``stream`` (stderr by default); never raises (see
+_STDERR: Any = object()  # say()'s default: sys.stderr as it is when called
+
+
+def say(text: str, stream: Any = _STDERR) -> None:
+    """Print the line ``text`` to ``stream`` (``sys.stderr`` by default; ``None``: nowhere, as
+    ``sys.stdout`` is when Python started with it closed); never raises (see
     :class:`SafeStream`): a run's last lines too are printed where nobody may be reading."""
-    out = stream if isinstance(stream, SafeStream) else SafeStream(stream or sys.stderr)
+    if stream is _STDERR:
+        stream = sys.stderr
+    out = stream if isinstance(stream, SafeStream) else SafeStream(stream)
     out.write(text + "\n")
     out.flush()
 
@@ -107,11 +113,17 @@ class Progress:
     def __init__(self, mode: str = "auto", stream: TextIO | None = None) -> None:
         self.stream = SafeStream(stream or sys.stderr)
         if mode == "auto":
-            mode = "live" if self.stream.isatty() else "plain"
+            mode = "live" if self._on_a_terminal() else "plain"
         self.mode = mode
         self._live: Any = None
         self._last_plain = -math.inf
         self.title = ""
+
+    def _on_a_terminal(self) -> bool:
+        try:
+            return not self.stream.broken and bool(self.stream.isatty())
+        except (AttributeError, ValueError, OSError):  # a closed or odd stream
+            return False
 
     def start(self, title: str) -> None:
         self.title = title

@@ -161,6 +161,20 @@ def test_progress_to_a_closed_stream_never_raises(mode):
     progress.say("mprl: the last line", _Gone())
 
 
+# 16: Python started with stderr or stdout closed (`mprl run ... 2>&-`) has None for them
+def test_progress_and_last_lines_without_a_stream(monkeypatch):
+    monkeypatch.setattr("sys.stderr", None)
+    display = Progress("auto")
+    assert display.mode == "plain"
+    snapshot = RunStats(None, None).snapshot()
+    display.start("mprl: probe on Corridor-v0")
+    display.update(snapshot)
+    display.message("mprl: a message")
+    display.stop(snapshot)
+    progress.say("mprl: the last line")
+    progress.say("mprl: the last line", None)
+
+
 # 16: a pipe whose reader is gone: the stream's descriptor then writes to /dev/null, so that
 # nothing else (the interpreter's last flush at exit) fails or complains either
 def test_a_broken_pipe_is_pointed_at_dev_null():
