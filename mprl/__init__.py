@@ -3,8 +3,8 @@
 Plugin authors need only what is exported here: the ``hookimpl`` marker, :class:`Algorithm`, the
 shared-state declarations in :mod:`mprl.schema` (with the transport protocols of
 :mod:`mprl.transport`), and the :class:`Context` their functions receive. ``mprl.run`` starts a
-run from Python; it loads the host on first use, so ``import mprl`` in a plugin or a spawned
-process loads only this author's API.
+run from Python and ``mprl.load`` reads a checkpoint back; they load the host on first use, so
+``import mprl`` in a plugin or a spawned process loads only this author's API.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from mprl.run_types import RunConfig, Summary
 from mprl.version import __version__
 
 if TYPE_CHECKING:
+    from mprl.host.loading import Checkpoint, load
     from mprl.host.runner import run
 
 deprecated.install()  # the 0.1.0 modules that moved (mprl.plugins ...) import, with a warning
@@ -28,6 +29,7 @@ deprecated.install()  # the 0.1.0 modules that moved (mprl.plugins ...) import, 
 __all__ = [
     "NAME",
     "Algorithm",
+    "Checkpoint",
     "ConfigError",
     "Context",
     "MprlError",
@@ -38,6 +40,7 @@ __all__ = [
     "__version__",
     "hookimpl",
     "hookspec",
+    "load",
     "run",
     "schema",
 ]
@@ -48,6 +51,10 @@ def __getattr__(name: str) -> Any:
         from mprl.host.runner import run
 
         return run
+    if name in ("load", "Checkpoint"):  # like run: the host is loaded on first use
+        from mprl.host import loading
+
+        return getattr(loading, name)
     if f"mprl.{name}" in deprecated.OLD_MODULES:  # 0.1.0's `import mprl` loaded them all
         return importlib.import_module(f"mprl.{name}")
     raise AttributeError(f"module 'mprl' has no attribute {name!r}")

@@ -159,6 +159,12 @@ class Field:
         """Put checkpointed ``data`` back; False when it does not fit (another worker count)."""
         return False
 
+    def fit(self, data: Any, dims: Dims) -> tuple[Any, str | None]:
+        """Checkpointed ``data`` made to fit a run of ``dims`` (a resume with another worker
+        count or config), and what was done to it in words (``None``: it fits as it is); raise
+        ``ValueError`` saying why when it cannot be made to fit."""
+        return data, None
+
     def memory(self, dims: Dims) -> tuple[int, int]:
         """(bytes, tensors) the field takes in tensors (``/dev/shm`` on the local backend)."""
         return 0, 0
@@ -216,6 +222,28 @@ class PerWorker(Field):
             return True
         built[:] = data
         return True
+
+    def fit(self, data: Any, dims: Dims) -> tuple[Any, str | None]:
+        initial = [] if self.initial is list else {} if self.initial is dict else self.initial
+        return _per_worker(list(data), dims.workers, initial)
+
+
+def _ranks(first: int, last: int) -> str:
+    return f"rank {first}" if first == last else f"ranks {first}-{last}"
+
+
+def _per_worker(data: list[Any], n: int, initial: Any) -> tuple[list[Any], str | None]:
+    """A per-worker list of another run, cut to ``n`` slots or extended with ``initial``."""
+    old = len(data)
+    if old == n:
+        return data, None
+    head = f"{old} slots saved, {n} in this run: {_ranks(0, min(old, n) - 1)} kept"
+    if old < n:
+        start = "starts" if n - old == 1 else "start"
+        return data + [initial] * (n - old), f"{head}, {_ranks(old, n - 1)} {start} at {initial!r}"
+    dropped = repr(data[n:])
+    shown = f" ({dropped})" if len(dropped) <= 60 else ""
+    return data[:n], f"{head}, the slots of {_ranks(n, old - 1)} dropped{shown}"
 
 
 @attrs.frozen
@@ -447,6 +475,14 @@ class Array(_Plain):
         built[:] = array.array(self.typecode, data)  # an array slice takes an array only
         return True
 
+    def fit(self, data: Any, dims: Dims) -> tuple[Any, str | None]:
+        if self.size == "workers":  # one value per worker, like a PerWorker field
+            return _per_worker(list(data), dims.workers, self.initial)
+        size = resolve(self.size, dims)
+        if len(data) != size:
+            raise ValueError(f"{len(data)} values saved, {size} in this run")
+        return data, None
+
 
 @attrs.frozen
 class Tensor(Field):
@@ -484,6 +520,15 @@ class Tensor(Field):
             return False
         built.copy_(data)
         return True
+
+    def fit(self, data: Any, dims: Dims) -> tuple[Any, str | None]:
+        shape = self._shape(dims)
+        if tuple(data.shape) != shape or data.dtype != self.dtype:
+            raise ValueError(
+                f"shape {tuple(data.shape)} {data.dtype} saved, {shape} {self.dtype} in this run; "
+                "mprl cannot tell what its values mean per rank"
+            )
+        return data, None
 
     def memory(self, dims: Dims) -> tuple[int, int]:
         return _bytes({"t": (self._shape(dims), self.dtype)}, 1), 1
@@ -567,6 +612,68 @@ def transition_row(dims: Dims) -> dict[str, tuple[tuple[int, ...], torch.dtype]]
     }
 
 
+def _replay_rows(heads: torch.Tensor, per: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The places of a replay state's rows, newest first, and their ages: worker ``w`` keeps
+    its ring's rows at ``[w * per, (w + 1) * per)``, the ``heads[w]``-th row it added at
+    ``w * per + (heads[w] - 1) % per``. mprl keeps no time per row, so a row's age is the number
+    of rows its worker added after it, and the workers' rows are taken in turn: each worker's
+    newest (by rank), then each one's second newest, ..."""
+    workers = len(heads)
+    sizes = torch.clamp(heads, max=per)
+    age = torch.arange(per).repeat(workers)
+    rank = torch.arange(workers).repeat_interleave(per)
+    held = age < sizes[rank]
+    age, rank = age[held], rank[held]
+    order = torch.from_numpy(np.lexsort((rank.numpy(), age.numpy())))
+    age, rank = age[order], rank[order]
+    return rank * per + (heads[rank] - 1 - age) % per, age
+
+
+def _repartition(
+    data: Mapping[str, Any], row: Mapping[str, Any], capacity: int, workers: int
+) -> tuple[dict[str, Any], str | None]:
+    """A replay state (``heads``: rows each worker added; a tensor of rows per field) saved
+    by a run with other workers or another capacity, laid out for this one: the newest rows
+    that fit, dealt to the new workers in turn, oldest first, so that each ring's next row
+    overwrites its oldest one; ``heads`` then counts the rows each new ring holds."""
+    missing = sorted(set(row) - set(data))
+    if "heads" not in data or missing:
+        raise ValueError(
+            f"the saved buffer has no {missing or ['heads']}; its fields: {sorted(data)}"
+        )
+    heads = torch.as_tensor(data["heads"], dtype=torch.int64)
+    for name, (shape, dtype) in row.items():
+        saved = data[name]
+        if tuple(saved.shape[1:]) != shape or saved.dtype != dtype:
+            raise ValueError(
+                f"its rows' {name!r} are {tuple(saved.shape[1:])} {saved.dtype} saved, "
+                f"{shape} {dtype} in this run"
+            )
+    old_workers = len(heads)
+    old_per = len(data[next(iter(row))]) // max(old_workers, 1)
+    per = capacity // workers
+    if old_workers == workers and old_per == per:
+        return dict(data), None
+    places, age = _replay_rows(heads, old_per)
+    kept = places[: workers * per]  # the newest that fit; then oldest first (stable: by rank)
+    kept = kept[torch.sort(age[: workers * per], descending=True, stable=True).indices]
+    at = torch.arange(len(kept))
+    into = (at % workers) * per + at // workers
+    out: dict[str, Any] = dict(data)
+    for name, (shape, dtype) in row.items():
+        rows = torch.zeros((workers * per, *shape), dtype=dtype)
+        rows[into] = data[name][kept]
+        out[name] = rows
+    out["heads"] = torch.bincount(at % workers, minlength=workers).to(torch.int64)
+    note = (
+        f"{len(kept):,} rows re-partitioned from {old_workers} workers ({old_per:,} rows "
+        f"each) to {workers} ({per:,} rows each)"
+    )
+    if len(places) > len(kept):
+        note += f"; the {len(places) - len(kept):,} oldest did not fit and were dropped"
+    return out, note
+
+
 @attrs.frozen
 class ReplayBuffer(Field):
     """A replay buffer of ``capacity`` rows (:class:`mprl.transport.ReplayStore`), split evenly
@@ -600,6 +707,11 @@ class ReplayBuffer(Field):
 
     def restore(self, built: Any, data: Any) -> bool:
         return built.load(data)
+
+    def fit(self, data: Any, dims: Dims) -> tuple[Any, str | None]:
+        if data is None:
+            return data, None
+        return _repartition(data, self._row(dims), resolve(self.capacity, dims), dims.workers)
 
     def memory(self, dims: Dims) -> tuple[int, int]:
         rows = resolve(self.capacity, dims)
@@ -699,6 +811,18 @@ class SharedState(SimpleNamespace):
         )
 
 
+@attrs.frozen
+class Fitted:
+    """A checkpoint's shared state made to fit a run (:meth:`Schema.fit`)."""
+
+    #: the data to restore, by field: what fits, as it is or re-partitioned
+    data: dict[str, Any]
+    #: by field, what was done to fit it (or why it was left out), in words
+    notes: dict[str, str]
+    #: by field, why it cannot be made to fit; its data is not in :attr:`data`
+    unfit: dict[str, str]
+
+
 class Schema:
     """A plugin's shared-state declaration: ``Schema(name=Field(...), ...)``.
 
@@ -764,10 +888,31 @@ class Schema:
                 out[name] = data
         return out
 
+    def fit(self, snapshot: Mapping[str, Any], dims: Dims) -> Fitted:
+        """A :meth:`snapshot` of another run (another worker count, another config) made to
+        fit a run of ``dims``, field by field (:meth:`Field.fit`): replay rows re-partitioned
+        across the workers, per-worker lists extended or cut; what each field needed, and the
+        fields that cannot be made to fit (a ``Tensor`` of another shape), with why."""
+        data: dict[str, Any] = {}
+        notes: dict[str, str] = {}
+        unfit: dict[str, str] = {}
+        for name, saved in snapshot.items():
+            decl = self.fields.get(name)
+            if decl is None:
+                notes[name] = "in the checkpoint but no longer declared: left out"
+                continue
+            try:
+                data[name], note = decl.fit(saved, dims)
+            except (ValueError, TypeError, AttributeError, IndexError) as exc:
+                unfit[name] = str(exc)
+                continue
+            if note is not None:
+                notes[name] = note
+        return Fitted(data, notes, unfit)
+
     def restore(self, state: SharedState, snapshot: Mapping[str, Any]) -> list[str]:
         """Put a :meth:`snapshot` back; returns the fields that could not be restored (a field
-        sized by the number of workers, when that number changed, or a field no longer
-        declared)."""
+        that does not fit this run: see :meth:`fit`, or a field no longer declared)."""
         skipped = []
         for name, data in snapshot.items():
             decl = self.fields.get(name)

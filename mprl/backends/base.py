@@ -81,16 +81,18 @@ class Job:
 
     def build_state(self, builder: Builder) -> tuple[SharedState, str | None]:
         """The run's shared state, built with a backend's ``builder`` and restored from the
-        checkpoint on resume; also a message naming the fields that could not be restored (sized
-        by a worker count that changed), for the backend to report, or ``None``."""
+        checkpoint on resume (:attr:`state_snapshot`, already fitted to this run by the host:
+        :meth:`mprl.schema.Schema.fit`); also a message naming the fields that could not be
+        restored after all (a ``Module`` of another shape), for the backend to report, or
+        ``None``."""
         schema = self.algorithm.schema
         state = schema.build(builder, self.dims)
         skipped = schema.restore(state, self.state_snapshot) if self.state_snapshot else []
         if not skipped:
             return state, None
         return state, (
-            "shared-state fields not restored from the checkpoint (they do not fit this run's "
-            f"{self.run.workers} workers): {', '.join(skipped)}"
+            "shared-state fields not restored from the checkpoint (they do not fit this run): "
+            f"{', '.join(skipped)}"
         )
 
     def context(

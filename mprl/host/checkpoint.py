@@ -9,18 +9,22 @@ is refused naming the file and the field, before the run directory is touched.
 
 from __future__ import annotations
 
+import errno
 import pickle
 import random
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from mprl.errors import UsageError
 from mprl.version import __version__
+
+if TYPE_CHECKING:
+    from mprl.host.plugins import PluginManager
 
 FORMAT = "mprl-checkpoint"
 VERSION = 2  # 2: transport state (the weights' version) is part of shared_state
@@ -61,6 +65,13 @@ def set_rng_states(states: Mapping[str, Any]) -> None:
     random.setstate((version, tuple(internal), gauss))
 
 
+def distribution(pm: PluginManager, plugin: str) -> str | None:
+    """The distribution that installs ``plugin`` (``mprl`` for the built-in ones); ``None`` for
+    one registered in code."""
+    dist, version = pm.distribution_of(plugin)
+    return None if version == "-" else dist
+
+
 def payload(
     *,
     plugin: str,
@@ -75,6 +86,7 @@ def payload(
     steps: list[int],
     stats: Mapping[str, Any],
     shared_state: Mapping[str, Any],
+    plugin_distribution: str | None = None,
 ) -> dict[str, Any]:
     """Everything a checkpoint holds: what ran (plugin, algorithm, configs, versions), the
     learning state (model, optimizer, shared state), the counters and the RNG states."""
@@ -84,6 +96,7 @@ def payload(
         "mprl_version": __version__,
         "plugin": plugin,
         "plugin_version": plugin_version,
+        "plugin_distribution": plugin_distribution,
         "algorithm": algorithm,
         "config": dict(config),
         "run": dict(run),
@@ -158,7 +171,8 @@ def load(path: str | Path) -> tuple[Path, dict[str, Any]]:
     try:
         data = torch.load(file, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch.load raises many kinds on damaged input
-        if isinstance(exc, OSError) and exc.errno is not None:  # unreadable, not damaged
+        # unreadable, not damaged; but EINVAL: torch's zip reader seeking past a cut file's end
+        if isinstance(exc, OSError) and exc.errno not in (None, errno.EINVAL):
             raise UsageError(f"cannot read checkpoint {str(file)!r}: {exc.strerror}") from None
         text = str(exc).strip()
         if isinstance(exc, pickle.UnpicklingError) and "unsupported global" in text.lower():

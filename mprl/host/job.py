@@ -5,7 +5,7 @@ resume). Everything is checked here, before anything starts or is written: a pro
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +47,8 @@ class Prepared:
     plugin_version: str
     reward_threshold: float | None
     resume: Resume | None = None
+    #: by shared-state field, what a resume did to fit its checkpointed data to this run
+    state_notes: Mapping[str, str] = attrs.field(factory=dict)
 
 
 def resolve(
@@ -71,6 +73,21 @@ def resolve(
     return plugin_name, algo, config, run_cfg
 
 
+def algorithm_of(pm: PluginManager, file: Path, data: Mapping[str, Any]) -> tuple[str, Algorithm]:
+    """The plugin name and :class:`Algorithm` that wrote checkpoint ``file`` (its ``data``);
+    a :class:`UsageError` naming the plugin and its distribution when it is not installed."""
+    try:
+        return pm.algorithm(data["algorithm"])
+    except UsageError as exc:
+        dist = data.get("plugin_distribution")
+        version = data.get("plugin_version") or ""
+        where = f"distribution {dist!r} {version}".rstrip() if dist else f"version {version}"
+        raise UsageError(
+            f"checkpoint {str(file)!r} was written by algorithm {data['algorithm']!r} of plugin "
+            f"{data['plugin']!r} ({where}), which must be installed to load it: {exc}"
+        ) from None
+
+
 def _resume_inputs(
     resume: Resume,
     plugin: str | None,
@@ -85,13 +102,7 @@ def _resume_inputs(
             f"checkpoint {file!r} was written by algorithm {data['algorithm']!r}, not "
             f"{plugin!r}; leave out --plugin when resuming"
         )
-    try:
-        pm.algorithm(data["algorithm"])
-    except UsageError as exc:
-        raise UsageError(
-            f"checkpoint {file!r} was written by algorithm {data['algorithm']!r} of plugin "
-            f"{data['plugin']!r} {data.get('plugin_version', '')}: {exc}"
-        ) from None
+    algorithm_of(pm, resume.file, data)
     env = options.get("env")
     check_trusted(str(data["run"].get("env", "")), f"checkpoint {file!r}", env)
     if env is not None and env != data["run"].get("env"):
@@ -106,15 +117,27 @@ def _resume_inputs(
     return data["algorithm"], config, merged
 
 
-def _load_state(resume: Resume, what: str, target: Any, state: Any, algo: Algorithm) -> None:
+def load_state(
+    file: Path, what: str, target: Any, state: Any, algo: Algorithm, *, resumed: bool = False
+) -> None:
+    """``target.load_state_dict(state)`` (a model, an optimizer) from checkpoint ``file``; a
+    :class:`UsageError` naming the file and ``what`` when it does not fit."""
     try:
         target.load_state_dict(state)
     except (RuntimeError, ValueError, KeyError, TypeError) as exc:
         first = str(exc).strip().splitlines()[0]
         raise UsageError(
-            f"checkpoint {str(resume.file)!r}: its {what} does not fit algorithm "
-            f"{algo.name!r} with this config ({first}); was the config changed with --set?"
+            f"checkpoint {str(file)!r}: its {what} does not fit algorithm {algo.name!r}"
+            + (
+                f" with this config ({first}); was the config changed with --set?"
+                if resumed
+                else f" ({first})"
+            )
         ) from None
+
+
+def _load_state(resume: Resume, what: str, target: Any, state: Any, algo: Algorithm) -> None:
+    load_state(resume.file, what, target, state, algo, resumed=True)
 
 
 def materialize_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
@@ -250,16 +273,62 @@ def _model_and_optimizers(
     return model, optimizer, named
 
 
+def _fitted_state(
+    resume: Resume, algo: Algorithm, dims: Dims, drop: Sequence[str]
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """The checkpoint's shared state made to fit this run (:meth:`mprl.schema.Schema.fit`),
+    less the fields named in ``drop``; by field, what was done. A field that cannot be made to
+    fit is a :class:`UsageError` unless dropped."""
+    saved = dict(resume.data["shared_state"])
+    fields = algo.schema.fields
+    unknown = [name for name in drop if name not in fields and name not in saved]
+    if unknown:
+        raise UsageError(
+            f"--resume-drop {','.join(unknown)}: algorithm {algo.name!r} has no shared-state "
+            f"field of that name; its fields: {', '.join(fields) or 'none'}"
+        )
+
+    def field(name: str) -> str:
+        decl = fields.get(name)
+        return f"shared-state field {name!r}" + (f" ({decl.kind})" if decl is not None else "")
+
+    notes = {}
+    for name in drop:
+        if saved.pop(name, None) is not None:
+            notes[name] = f"{field(name)}: its data dropped (--resume-drop); it starts as declared"
+    fitted = algo.schema.fit(saved, dims)
+    if fitted.unfit:
+        was, now = resume.data["run"].get("workers"), dims.workers
+        changed = f" with {now} workers (it was saved with {was})" if was and was != now else ""
+        which = "; ".join(
+            f"{field(name)} cannot be fitted to this run: {why}"
+            for name, why in fitted.unfit.items()
+        )
+        them = "them" if len(fitted.unfit) > 1 else "it"
+        raise UsageError(
+            f"cannot resume checkpoint {str(resume.file)!r}{changed}: {which}. Pass "
+            f"--resume-drop {','.join(fitted.unfit)} (mprl.run(resume_drop=...)) to start {them} "
+            f"as declared, its saved data dropped"
+            + (f", or resume with --workers {was}" if changed else "")
+        )
+    notes.update({name: f"{field(name)}: {note}" for name, note in fitted.notes.items()})
+    return fitted.data, notes
+
+
 def prepare_job(
     pm: PluginManager,
     plugin: str | None,
     config: Mapping[str, Any] | Any | None,
     options: Mapping[str, Any],
     resume: str | Path | None = None,
+    resume_drop: Sequence[str] = (),
 ) -> Prepared:
     """Check the input and build the job: the algorithm (``plugin``, or the checkpoint's when
-    resuming), its config, the run options, the env's spaces, the model and the optimizer."""
+    resuming), its config, the run options, the env's spaces, the model and the optimizer.
+    ``resume_drop`` names shared-state fields whose checkpointed data is left out."""
     resumed = None
+    if resume_drop and resume is None:
+        raise UsageError("--resume-drop is for a resumed run: give --resume RUN_DIR too")
     if resume is not None:
         resumed = Resume(*checkpoint.load(resume))
         plugin, config, options = _resume_inputs(resumed, plugin, pm, config, options)
@@ -273,7 +342,10 @@ def prepare_job(
     algo.schema.check_dims(dims)
     model, optimizer, optimizers = _model_and_optimizers(algo, dims, run_cfg.seed, resumed)
     initial_steps: tuple[int, ...] = ()
+    state_snapshot: dict[str, Any] = {}
+    notes: dict[str, str] = {}
     if resumed is not None:
+        state_snapshot, notes = _fitted_state(resumed, algo, dims, resume_drop)
         saved = [int(x) for x in resumed.data["steps"]]
         initial_steps = (
             tuple(saved)
@@ -290,8 +362,8 @@ def prepare_job(
         optimizers=optimizers,
         make_env=EnvFactory(pm),
         initial_steps=initial_steps,
-        state_snapshot=resumed.data["shared_state"] if resumed is not None else {},
+        state_snapshot=state_snapshot,
         session=0 if resumed is None else resumed.session,
     )
     _, plugin_version = pm.distribution_of(plugin_name)
-    return Prepared(job, plugin_name, plugin_version, threshold, resumed)
+    return Prepared(job, plugin_name, plugin_version, threshold, resumed, notes)

@@ -301,6 +301,7 @@ class RunMonitor:
                 checkpoint.payload(
                     plugin=info.plugin,
                     plugin_version=info.plugin_version,
+                    plugin_distribution=checkpoint.distribution(self.pm, info.plugin),
                     algorithm=info.algorithm,
                     config=as_dict(info.config),
                     run=info.run.to_dict(),

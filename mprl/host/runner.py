@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -79,6 +79,7 @@ def run(
     total_steps: int | None = None,
     run_dir: str | Path | None = None,
     resume: str | Path | None = None,
+    resume_drop: str | Sequence[str] = (),
     progress: str = "auto",
     plugins: PluginManager | None = None,
     **run_options: Any,
@@ -90,6 +91,10 @@ def run(
     ``resume=RUN_DIR`` (or a checkpoint file) continues a run from its last checkpoint: the
     plugin, config and run options are the checkpoint's unless given here, counters continue
     and metrics are appended (to ``run_dir`` when given, else to the original run directory).
+    Its shared state is fitted to the run (another ``workers``: replay rows re-partitioned,
+    per-worker lists extended or cut, each said in a line); ``resume_drop`` names fields
+    (``"a,b"`` or a list) whose checkpointed data is left out, which a field that cannot be
+    fitted (a ``Tensor`` sized by the workers) needs.
 
     Everything is checked before any process starts (plugin, config, env id, action space,
     checkpoint, what the backend needs); a problem raises :class:`mprl.errors.UsageError`. A
@@ -99,7 +104,9 @@ def run(
     pm = plugins or get_plugin_manager()
     pm.run_options().unknown(run_options, "mprl.run()")
     options = {"env": env, "workers": workers, "seed": seed, "total_steps": total_steps}
-    plan = prepare_job(pm, plugin, config, {**options, **run_options}, resume)
+    drop = resume_drop.split(",") if isinstance(resume_drop, str) else resume_drop
+    drop = [name.strip() for name in drop if name.strip()]
+    plan = prepare_job(pm, plugin, config, {**options, **run_options}, resume, drop)
     backend = pm.backend(plan.job.run.backend)
     notes = backend.prepare(plan.job)
     with contextlib.closing(backend):  # what prepare() opened (a cluster connection)
@@ -225,6 +232,14 @@ def _execute(
                 "session": job.session,
             }
         )
+        for name, note in plan.state_notes.items():  # what fitting the shared state did
+            monitor.on_event(
+                {
+                    "event": "resume-state",
+                    "message": f"resume: {note}",
+                    "field": name,
+                }
+            )
     try:
         return backend.execute(job, monitor)
     except KeyboardInterrupt:

@@ -82,6 +82,12 @@ def _add_run(sub: Any, common: argparse.ArgumentParser, options: RunOptions) -> 
         help="continue RUN_DIR (or a checkpoint file) from its last checkpoint; flags and --set "
         "given with it override the checkpoint's",
     )  # fmt: skip
+    run.add_argument(
+        "--resume-drop", dest="resume_drop", action="append", default=[],
+        metavar="FIELD[,FIELD...]",
+        help="with --resume: start these shared-state fields as declared, their saved data "
+        "dropped; needed for a field that cannot be fitted to another --workers (repeatable)",
+    )  # fmt: skip
     run.add_argument("--run-dir", help="run directory (default: runs/PLUGIN-ENV-TIME-PID)")
     run.add_argument(
         "--config", metavar="FILE.toml", help="algorithm config; a [run] table sets run options"
@@ -206,6 +212,7 @@ def _cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser, pm: Plug
     try:
         summary = run(
             args.plugin, config=config, run_dir=args.run_dir, resume=args.resume,
+            resume_drop=",".join(args.resume_drop),
             # a live panel would redraw over a breakpoint()'s prompt: plain lines when serial
             progress="none" if args.quiet else "plain" if args.serial else "auto",
             plugins=pm, **options,

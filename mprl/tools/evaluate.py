@@ -13,11 +13,10 @@ import torch
 
 from mprl.errors import UsageError
 from mprl.host import checkpoint
-from mprl.host.envs import check_trusted, make_env, play_episodes
-from mprl.host.job import build_model, resolve
+from mprl.host.envs import make_env, play_episodes
+from mprl.host.loading import Checkpoint, checked_env, resolved, restored
 from mprl.host.plugins import PluginManager, get_plugin_manager
 from mprl.host.rundir import atomic_write
-from mprl.schema import Dims
 
 
 def evaluate(
@@ -34,7 +33,8 @@ def evaluate(
     """Play ``episodes`` episodes with the policy of a run directory's last checkpoint (or of a
     checkpoint file) and write the results as JSON; returns them.
 
-    The policy is the checkpoint's model, rebuilt by its algorithm with its config; it acts
+    The policy is the checkpoint's model as :func:`mprl.load` gives it (rebuilt by its
+    algorithm with its config, for the env played here); it acts
     through the model's ``act(obs_batch, deterministic) -> actions`` method (the models of
     :mod:`mprl.lib.nets` have one). Episode ``i`` is reset with a seed derived from ``seed`` and
     ``i``, so an evaluation is repeatable. ``video_dir`` records every episode with gymnasium's
@@ -45,10 +45,14 @@ def evaluate(
     """
     file, data, target = _inputs(source, episodes, video_dir, env, out)
     pm = plugins or get_plugin_manager()
-    algo, config, env_id = _algorithm_of(pm, file, data)
+    plugin, algo, config, run = resolved(pm, file, data)
+    env_id = run.env
     env = make_env(pm, env_id, seed=seed, render_mode="rgb_array" if video_dir else None)
     try:
-        act = _policy(algo, config, env, file, data["model"])
+        loaded = restored(
+            file, data, pm, plugin, algo, config, run, env.observation_space, env.action_space
+        )
+        act = _policy(loaded)
         if video_dir is not None:
             from gymnasium.wrappers import RecordVideo
 
@@ -108,44 +112,17 @@ def _inputs(
                 '--video needs moviepy: pip install "mprl[video]" (or "gymnasium[other]")'
             ) from None
     file, data = checkpoint.load(source)
-    check_trusted(str(data["run"].get("env", "")), f"checkpoint {str(file)!r}", env)
-    if env is not None and env != data["run"].get("env"):
-        raise UsageError(
-            f"checkpoint {str(file)!r} was trained on {data['run'].get('env')!r}, not {env!r}"
-        )
+    checked_env(file, data, env)
     target = _checked_out(Path(out) if out is not None else _default_out(file), file)
     return file, data, target
 
 
-def _algorithm_of(pm: PluginManager, file: Path, data: dict[str, Any]) -> tuple[Any, Any, str]:
-    """The checkpoint's algorithm, its config and env id, resolved as a run would."""
-    try:
-        # it plays here, on the CPU; an option of a plugin not installed here is left out
-        run_options = {**pm.run_options().known(data["run"]), "device": "cpu"}
-        _, algo, config, run_cfg = resolve(data["algorithm"], pm, data["config"], run_options)
-    except UsageError as exc:
-        raise UsageError(
-            f"checkpoint {str(file)!r} was written by algorithm {data['algorithm']!r} of plugin "
-            f"{data['plugin']!r}: {exc}"
-        ) from None
-    return algo, config, run_cfg.env
-
-
-def _policy(algo: Any, config: Any, env: gym.Env, file: Path, weights: Any) -> Any:
-    """The checkpoint's model's ``act``, the model rebuilt by its algorithm for ``env``."""
-    model = build_model(algo, Dims(1, env.observation_space, env.action_space, config))
-    try:
-        model.load_state_dict(weights)
-    except (RuntimeError, KeyError) as exc:
-        first = str(exc).strip().splitlines()[0]
-        raise UsageError(
-            f"checkpoint {str(file)!r}: its model does not fit algorithm {algo.name!r} ({first})"
-        ) from None
-    model.eval()
-    act = getattr(model, "act", None)
+def _policy(loaded: Checkpoint) -> Any:
+    """The loaded model's ``act``, which eval plays with."""
+    act = getattr(loaded.model, "act", None)
     if not callable(act):
         raise UsageError(
-            f"algorithm {algo.name!r}: its model ({type(model).__name__}) has no "
+            f"algorithm {loaded.algorithm!r}: its model ({type(loaded.model).__name__}) has no "
             "act(obs_batch, deterministic) method, which eval plays with; add one to it"
         )
     return act
