@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import cProfile
+import marshal
 import random
 import time
 import traceback
@@ -24,6 +25,7 @@ import torch
 from mprl.context import Channel, Context, objects_of
 from mprl.device import resolve_device
 from mprl.errors import UsageError
+from mprl.files import open_new
 
 #: how often a learner on a GPU copies its optimizer state back to the shared (checkpointed) one
 SYNC_S = 2.0
@@ -86,8 +88,10 @@ def run_child(
             profile = cProfile.Profile()
             try:
                 profile.runcall(fn, ctx)
-            finally:
-                profile.dump_stats(profile_to)
+            finally:  # as dump_stats() writes them, but never through a link planted there
+                profile.create_stats()
+                with open(profile_to, "wb", opener=open_new) as out:
+                    marshal.dump(profile.stats, out)  # type: ignore[attr-defined]
         if learner is not None:
             learner.sync()  # its optimizer state, for the final checkpoint
     except stopped:

@@ -145,3 +145,15 @@ def test_threads_are_set_for_the_function(threads):
         assert got == [threads]
     finally:
         torch.set_num_threads(saved)
+
+
+def test_profile_stats_are_written_anew_never_through_a_planted_link(tmp_path):
+    import pstats
+
+    target = tmp_path / "someone-elses-file"
+    target.write_text("keep")
+    planted = tmp_path / "worker-0.prof"
+    planted.symlink_to(target)
+    assert run_child(step, context(), profile_to=str(planted)) == ChildExit(0)
+    assert target.read_text() == "keep" and not planted.is_symlink()
+    assert pstats.Stats(str(planted)).total_calls > 0
