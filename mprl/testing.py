@@ -13,9 +13,11 @@ Enable the fixtures with one line in the ``conftest.py`` at the root of your tes
   algorithm's worker and train functions in the test's own process, taking turns (no spawn, no
   Manager server), repeatable for a seed; returns a :class:`SerialResult`.
 - ``mprl_state``: :func:`build_state` that also shuts down any real Manager it started.
+- ``mprl_bench``: a :class:`Bench` with ``mprl_pm``'s plugins: one worker or the train process
+  at a time, called by the test itself (``worker(bench.context(0, steps=100))``).
 
 The functions work without pytest too: :func:`plugin_manager`, :func:`registered`,
-:func:`call_hook`, :func:`build_state`, :func:`run_serial`.
+:func:`call_hook`, :func:`build_state`, :func:`run_serial`, :class:`Bench`.
 """
 
 from __future__ import annotations
@@ -23,8 +25,10 @@ from __future__ import annotations
 import contextlib
 import json
 import tempfile
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import attrs
@@ -32,14 +36,20 @@ import pytest
 import torch
 
 from mprl.algorithm import Algorithm
+from mprl.backends.base import Job, Role
+from mprl.backends.child import _on_device, seed_process
 from mprl.backends.serial import InProcessManager, SerialBackend
+from mprl.backends.serial.backend import _own_objects
 from mprl.backends.tensors import TensorStateBuilder
+from mprl.context import Context, episode_record
 from mprl.errors import PluginError, UsageError
 from mprl.hookspecs import hookimpl
+from mprl.host.config import build
 from mprl.host.envs import make_env
+from mprl.host.job import prepare_job
 from mprl.host.plugins import PluginManager, get_plugin_manager
 from mprl.host.runner import run
-from mprl.run_types import Summary
+from mprl.run_types import RunConfig, Summary
 from mprl.schema import Dims, Schema, SharedState
 
 
@@ -92,14 +102,25 @@ def build_state(
     ``multiprocessing.managers.SyncManager`` for the real thing (the ``mprl_state`` fixture starts
     and shuts one down with ``manager=True``). Sizes that come from the spaces and the config
     use ``env`` (default: the algorithm's default env), made through ``plugins`` (default: the
-    built-ins; pass your plugin's manager for an env only it makes), and ``config`` (default:
-    the algorithm's defaults). ``Weights`` and ``Module`` fields need an algorithm (its model).
-    The state is unbound: a test acts as process ``slot`` through ``state.bound(slot, stop)``.
+    built-ins; pass your plugin's manager for an env only it makes), and ``config``: the
+    algorithm's config instance, or a mapping of its fields, checked as ``--set`` values are
+    (default: the algorithm's defaults; for a bare schema, a mapping's keys are what
+    ``"config.FIELD"`` sizes read). ``Weights`` and ``Module`` fields need an algorithm (its
+    model).
+
+    The state is unbound: a test acts as one process through ``state.bound(slot)``, its
+    transport fields bound to that process: a worker's ``slot`` is its rank, the train
+    process's is ``state.trainer_slot`` (the number of workers). To call a worker or train
+    function itself, use a :class:`Bench`.
     """
     algorithm = schema if isinstance(schema, Algorithm) else None
     if algorithm is not None:
         schema = algorithm.schema
-        config = algorithm.config_cls() if config is None else config
+        if config is None or isinstance(config, Mapping):
+            source = f"{algorithm.name} config"
+            config = build(algorithm.config_cls, dict(config or {}), source=source)
+    elif isinstance(config, Mapping):
+        config = SimpleNamespace(**config)
     spaces: tuple[Any, Any] = (None, None)
     wanted = env or (algorithm.default_env if algorithm is not None else None)
     if wanted is not None:
@@ -253,6 +274,298 @@ def run_serial(
     )
 
 
+#: how long a :class:`Bench` context runs (from when it is made) before its next call to
+#: ``should_stop()``, ``add_steps()`` or a wait raises ``TimeoutError``: a function whose stop
+#: never comes fails the test instead of hanging it
+BENCH_TIMEOUT_S = 60.0
+
+
+class _Stop:
+    """When one bench context's ``should_stop()`` turns true, for good."""
+
+    def __init__(
+        self,
+        who: str,
+        steps: int | None,
+        stop_after: int | None,
+        stop_when: Callable[[Context], Any] | None,
+        timeout: float | None,
+    ) -> None:
+        for name, value in (("steps", steps), ("stop_after", stop_after)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise TypeError(f"{name}={value!r}: an int or None")
+        self.who, self.steps, self.stop_after, self.stop_when = who, steps, stop_after, stop_when
+        self.timeout = timeout
+        self.deadline = None if timeout is None else time.monotonic() + timeout
+        self.ctx: Context | None = None
+        self.taken = 0  # env steps this context counted
+        self.checks = 0  # stop checks answered so far
+        self.stopped = False
+
+    def guard(self) -> None:
+        """Raise ``TimeoutError`` once the context has run past its timeout, still not stopped."""
+        if self.stopped or self.deadline is None or time.monotonic() < self.deadline:
+            return
+        raise TimeoutError(
+            f"mprl.testing.Bench: {self.who} has not stopped after {self.timeout:g} s; give its "
+            "context steps=, stop_after= or stop_when= that its function reaches (or a longer "
+            "timeout=)"
+        )
+
+    def check(self, everyone: bool) -> bool:
+        self.guard()
+        if not self.stopped:
+            self.stopped = (
+                everyone
+                or (self.steps is not None and self.taken >= self.steps)
+                or (self.stop_after is not None and self.checks >= self.stop_after)
+                or (self.stop_when is not None and bool(self.stop_when(self.ctx)))
+            )
+        self.checks += 1
+        return self.stopped
+
+
+class _BenchChannel:
+    """The :class:`mprl.context.Channel` of a :class:`Bench`: counters and records in this
+    process, each context's stop rule."""
+
+    def __init__(self, bench: Bench) -> None:
+        self.bench = bench
+        self.stops: dict[int, _Stop] = {}
+        self.current: _Stop | None = None  # the context that called last (for Manager waits)
+
+    def _stop(self, slot: int) -> _Stop:
+        self.current = self.stops[slot]
+        return self.current
+
+    def should_stop(self, slot: int) -> bool:
+        return self._stop(slot).check(self.bench.stopping)
+
+    def idle(self, slot: int, seconds: float) -> bool:
+        """A wait's pause (``ctx.wait_until``): nothing else runs here, so only a stop check."""
+        return self.should_stop(slot)
+
+    def add_steps(self, slot: int, n: int) -> None:
+        stop = self._stop(slot)
+        stop.guard()
+        stop.taken += n
+        self.bench._steps[slot] += n
+
+    def beat(self, slot: int, starting: bool = False) -> None:
+        self._stop(slot).guard()
+
+    def env_steps(self) -> int:
+        return sum(self.bench._steps)
+
+    def send(self, slot: int, record: dict[str, Any]) -> None:
+        self._stop(slot).guard()
+        self.bench.records.append(record)
+
+    def episode(self, slot: int, source: str, episode_return: float, episode_length: int) -> None:
+        step = self.env_steps()
+        self.send(slot, episode_record(source, step, time.time(), episode_return, episode_length))
+
+    def flush(self) -> None:
+        pass
+
+    def pause(self) -> None:
+        """Where a Manager kind waits (a lock, a queue): a short sleep, and the timeout."""
+        time.sleep(0.0005)
+        if self.current is not None:
+            self.current.guard()
+
+
+class _Registers:
+    """A plugin that registers one algorithm: a :class:`Bench` of an unregistered one."""
+
+    def __init__(self, algorithm: Algorithm) -> None:
+        self.algorithm = algorithm
+
+    @hookimpl
+    def mprl_register_algorithms(self, register: Callable[[Algorithm], None]) -> None:
+        register(self.algorithm)
+
+
+class Bench:
+    """An algorithm's job built as a run builds it, for calling its worker and train functions
+    one at a time in the test's own process, as plain functions.
+
+    The config is checked, the env made once for its spaces, the model built with torch seeded
+    from ``seed``, the declared optimizers made and the schema's shared state built, as the
+    serial backend builds them (in this process, nothing started). Then :meth:`context` gives
+    the :class:`mprl.Context` of one process, a worker of rank N or the train process, over that
+    state, with a stop of the test's choosing so that the function returns::
+
+        bench = Bench(my_algo.ALGORITHM, workers=2, config={"buffer_size": 1000})
+        my_algo.worker(bench.context(0, steps=200))  # returns after 200 env steps
+        assert bench.state.replay.size() == 200 and bench.env_steps == 200
+        my_algo.train(bench.context("trainer", stop_after=50))  # 50 stop checks
+        assert bench.state.updates.value > 0
+
+    Every context of a bench shares its state, model (each context has its own objects over the
+    same memory, as a process has), step count and records. Making a context seeds ``random``,
+    numpy and torch with its seed, as a process starts: make it right before calling the
+    function. Functions run in the calling thread, one at a time; to run them together, use
+    :func:`run_serial`.
+
+    :param algorithm: an :class:`mprl.Algorithm`, or the name of one ``plugins`` registers.
+    :param plugins: a plugin manager (``mprl_pm``) or a list of plugin modules, for the
+        algorithm's name and the env (default: the installed plugins for a name, mprl's
+        built-ins for an :class:`~mprl.Algorithm`).
+    :param config: the config instance, or a mapping of its fields (checked as ``--set``).
+    :param run_options: any other :class:`mprl.RunConfig` field (``env_batch=...``).
+    :raises mprl.errors.UsageError: what a run would refuse before it starts (a bad config
+        value, an env of the wrong kind).
+    """
+
+    def __init__(
+        self,
+        algorithm: Algorithm | str,
+        *,
+        workers: int = 2,
+        config: Mapping[str, Any] | Any | None = None,
+        env: str | None = None,
+        seed: int = 0,
+        plugins: PluginManager | Sequence[object] | None = None,
+        **run_options: Any,
+    ) -> None:
+        if isinstance(plugins, PluginManager):
+            pm = plugins
+        elif plugins is not None:
+            pm = plugin_manager(*plugins)
+        else:
+            pm = get_plugin_manager() if isinstance(algorithm, str) else plugin_manager()
+        name, extra = _registered_as(pm, algorithm)
+        options = {"env": env, "workers": workers, "seed": seed, **run_options}
+        try:
+            job = prepare_job(pm, name, config, options).job
+        finally:
+            if extra is not None:
+                pm.unregister(extra)
+        self._job: Job = job
+        self._steps = [0] * (job.run.workers + 2)  # per slot, as a run counts them
+        self._channel = _BenchChannel(self)
+        builder = TensorStateBuilder(
+            InProcessManager(self._channel.pause), job.model, job.algorithm.make_model,
+            share=False, sleep=False,
+        )  # fmt: skip
+        #: the shared state, unbound (``state.bound(slot)``); a context's ``ctx.state`` is it,
+        #: bound to that process
+        self.state: SharedState = job.build_state(builder)[0]
+        #: every record the contexts logged (``ctx.log``, ``ctx.log_episode``), oldest first
+        self.records: list[dict[str, Any]] = []
+        #: whether :meth:`stop` was called: every context's ``should_stop()`` is true then
+        self.stopping = False
+
+    @property
+    def algorithm(self) -> Algorithm:
+        return self._job.algorithm
+
+    @property
+    def config(self) -> Any:
+        """The algorithm's config instance."""
+        return self._job.config
+
+    @property
+    def run(self) -> RunConfig:
+        """The run options (``ctx.run``): env, workers, seed ..."""
+        return self._job.run
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """The shared model: what the contexts' models write to."""
+        return self._job.model
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer | None:
+        return self._job.optimizer
+
+    @property
+    def optimizers(self) -> Mapping[str, torch.optim.Optimizer]:
+        return dict(self._job.optimizers)
+
+    @property
+    def env_steps(self) -> int:
+        """Env steps the contexts counted (``ctx.add_steps``), all together: ``ctx.env_steps``."""
+        return sum(self._steps)
+
+    @property
+    def episode_returns(self) -> list[float]:
+        """Returns of the episodes the contexts logged, oldest first."""
+        return [r["episode_return"] for r in self.records if "episode_return" in r]
+
+    def context(
+        self,
+        rank: int | str = 0,
+        *,
+        steps: int | None = None,
+        stop_after: int | None = None,
+        stop_when: Callable[[Context], Any] | None = None,
+        timeout: float | None = BENCH_TIMEOUT_S,
+    ) -> Context:
+        """The :class:`mprl.Context` of one process: worker ``rank`` (``0 .. workers - 1``) or
+        the train process (``"trainer"`` or ``-1``), over this bench's state.
+
+        Its ``should_stop()`` turns true (and stays true) at the first of: ``steps`` env steps
+        counted by this context (``ctx.add_steps``); ``stop_after`` stop checks answered
+        false (every ``should_stop()``, and every look of a stop-aware wait); ``stop_when(ctx)``
+        true; :meth:`stop`. With none of them it never does, and once ``timeout`` seconds
+        have passed (``None``: never) its next stop check, step count, log or wait raises
+        ``TimeoutError``. For the train process, which counts no steps, give ``stop_after``
+        or ``stop_when`` (``lambda ctx: ctx.state.updates.value >= 10``).
+        """
+        role = self._role(rank)
+        stop = _Stop(role.who, steps, stop_after, stop_when, timeout)
+        ctx = self._job.context(role, self.state, self._channel)
+        model, optimizer, optimizers = _own_objects(self._job)
+        ctx = attrs.evolve(ctx, model=model, optimizer=optimizer, optimizers=optimizers)
+        seed_process(ctx.seed)
+        ctx = _on_device(ctx)[0]  # a train process on a GPU (--device): copies there
+        stop.ctx = ctx
+        self._channel.stops[role.slot] = stop
+        return ctx
+
+    def stop(self) -> None:
+        """Stop every context, as a run stops: their ``should_stop()`` is true from now on."""
+        self.stopping = True
+
+    def _role(self, rank: int | str) -> Role:
+        n = self._job.run.workers
+        if rank in ("trainer", -1):
+            if self._job.algorithm.train is None:
+                raise ValueError(
+                    f"algorithm {self._job.algorithm.name!r} has no train function, so no "
+                    "train process"
+                )
+            return Role("trainer", -1, n)
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < n:
+            raise ValueError(
+                f"rank {rank!r}: a worker's rank is 0 .. {n - 1}, the train process is "
+                "'trainer' (or -1)"
+            )
+        return Role("worker", rank, rank)
+
+
+def _registered_as(pm: PluginManager, algorithm: Algorithm | str) -> tuple[str, object | None]:
+    """The name ``pm`` knows ``algorithm`` by, and the plugin registered for it (to unregister
+    after), when it had to be registered."""
+    if isinstance(algorithm, str):
+        return algorithm, None
+    if not isinstance(algorithm, Algorithm):
+        raise TypeError(f"{algorithm!r}: an mprl.Algorithm or the name of one")
+    known = pm.algorithms().get(algorithm.name)
+    if known is not None and known[1] == algorithm:
+        return algorithm.name, None
+    if known is not None or algorithm.name in pm.conflicts:
+        raise ValueError(
+            f"algorithm {algorithm.name!r}: the plugin manager registers another algorithm of "
+            "that name; pass the name, or a plugin manager without it"
+        )
+    extra = _Registers(algorithm)
+    pm.register(extra, name=f"mprl.testing:{algorithm.name}")
+    return algorithm.name, extra
+
+
 # --------------------------------------------------------------------------------------------
 # pytest fixtures
 # --------------------------------------------------------------------------------------------
@@ -290,12 +603,19 @@ def mprl_serial(mprl_pm: PluginManager, tmp_path: Path) -> Callable[..., SerialR
 
 @pytest.fixture
 def mprl_state() -> Iterator[Callable[..., SharedState]]:
-    """``mprl_state(schema_or_algorithm, workers=2, manager=False)``: the built shared state;
-    ``manager=True`` builds it in a real Manager server, shut down after the test."""
+    """``mprl_state(schema_or_algorithm, workers=2, manager=False, env=None, config=None,
+    plugins=None)``: the built shared state (:func:`build_state`); ``manager=True`` builds it
+    in a real Manager server, shut down after the test."""
     with contextlib.ExitStack() as stack:
 
         def build(
-            schema: Schema | Algorithm, workers: int = 2, *, manager: bool = False
+            schema: Schema | Algorithm,
+            workers: int = 2,
+            *,
+            manager: bool = False,
+            env: str | None = None,
+            config: Any = None,
+            plugins: PluginManager | None = None,
         ) -> SharedState:
             server = None
             if manager:
@@ -305,6 +625,21 @@ def mprl_state() -> Iterator[Callable[..., SharedState]]:
                 server = SyncManager(ctx=mp.get_context("spawn"))
                 server.start()
                 stack.callback(server.shutdown)
-            return build_state(schema, workers, manager=server)
+            return build_state(
+                schema, workers, manager=server, env=env, config=config, plugins=plugins
+            )
 
         yield build
+
+
+@pytest.fixture
+def mprl_bench(mprl_pm: PluginManager) -> Callable[..., Bench]:
+    """``mprl_bench(algorithm, workers=2, config=None, env=None, seed=0, **run_options)``: a
+    :class:`Bench` with ``mprl_pm``'s plugins (an algorithm given by name must be registered
+    there; an :class:`mprl.Algorithm` needs nothing)."""
+
+    def make(algorithm: Algorithm | str, **kwargs: Any) -> Bench:
+        kwargs.setdefault("plugins", mprl_pm)
+        return Bench(algorithm, **kwargs)
+
+    return make
