@@ -152,6 +152,8 @@ class EnvBatch:
         next_obs, rewards, dones = [], [], [False] * len(self.envs)
         cut: list[tuple[int, np.ndarray]] = []  # envs stopped by a time limit, where they were
         for i, env in enumerate(self.envs):
+            if i and not i % 1024:  # a step of thousands of envs takes a while
+                self.beat()
             o, r, terminated, truncated, info = env.step(env_actions[i])
             ep_return[i] += r
             if terminated or truncated:
