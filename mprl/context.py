@@ -204,7 +204,18 @@ class Context:
         return self.channel.env_steps()
 
     def log_episode(self, episode_return: float, episode_length: int, **values: float) -> None:
-        """Report a finished episode; the main process tracks returns and checks "solved"."""
+        """Report a finished episode; the main process tracks returns and checks "solved".
+
+        Numbers only: ``episode_return`` a number (an int, a float, a numpy scalar or a 0-d
+        tensor), ``episode_length`` an int; a string is refused with ``TypeError``. ``values``
+        (a loss, an epsilon) are numbers too, as in :meth:`log`: a string there is written to
+        ``metrics.jsonl`` as it is, but counted nowhere else (``metrics.csv``, the progress
+        display, TensorBoard and ``mprl plot`` read numbers)."""
+        if isinstance(episode_return, str | bytes) or isinstance(episode_length, str | bytes):
+            raise TypeError(
+                f"log_episode({episode_return!r}, {episode_length!r}): an episode's return and "
+                "length are numbers, not strings"
+            )
         if values:
             self.log(
                 episode_return=float(episode_return), episode_length=int(episode_length), **values
@@ -215,7 +226,11 @@ class Context:
             )
 
     def log(self, **values: Any) -> None:
-        """Report scalar metrics (losses, entropy, ...) to ``metrics.jsonl`` and the reporters."""
+        """Report scalar metrics (losses, entropy, ...) to ``metrics.jsonl`` and the reporters.
+
+        Numbers (ints, floats, numpy scalars, 0-d tensors) are what ``metrics.csv``, the
+        progress display, TensorBoard and ``mprl plot`` read; any other value JSON can hold (a
+        string) is written to ``metrics.jsonl`` as it is, and counted nowhere else."""
         record = {"source": self.source, "step": self.channel.env_steps(), "time": time.time()}
         for key, value in values.items():
             record[key] = _finite(value.item() if hasattr(value, "item") else value)

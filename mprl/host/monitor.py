@@ -274,6 +274,7 @@ class RunMonitor:
     def on_stop(self, per_slot_steps: Sequence[int]) -> None:
         self._emit(self.thinning.due(force=True))
         self.stats.set_steps(per_slot_steps)
+        self.stats.stop_clock()  # the final checkpoint and the summary: the same wall time
         if self.check.passed is not None:  # every child has stopped: nothing writes it now
             self.job.model.load_state_dict(self.check.passed)
         self.check.close()

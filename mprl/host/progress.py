@@ -9,9 +9,20 @@ import sys
 import time
 from typing import Any, TextIO
 
+from mprl.errors import UsageError
 from mprl.host.stats import Snapshot
 
 PLAIN_EVERY_S = 5.0
+
+#: what ``mprl.run(progress=...)`` takes (:class:`Progress`)
+MODES = ("auto", "live", "plain", "none")
+
+
+def check_mode(mode: object) -> None:
+    """Refuse a progress mode other than :data:`MODES` with a :class:`UsageError` naming them."""
+    if not isinstance(mode, str) or mode not in MODES:
+        allowed = ", ".join(repr(m) for m in MODES)
+        raise UsageError(f"progress={mode!r}: not a progress mode; use one of {allowed}")
 
 
 def _fmt(x: float, digits: int = 1) -> str:

@@ -26,7 +26,7 @@ from mprl.host.job import Prepared, prepare_job
 from mprl.host.monitor import RunMonitor, describe_write_error, finite
 from mprl.host.plugins import PluginManager, get_plugin_manager
 from mprl.host.policy_check import CHECK_EPISODES, PolicyCheck
-from mprl.host.progress import Progress, say
+from mprl.host.progress import Progress, check_mode, say
 from mprl.host.rundir import RunDir
 from mprl.host.stats import RunStats
 from mprl.run_types import RunInfo, Summary
@@ -96,11 +96,17 @@ def run(
     (``"a,b"`` or a list) whose checkpointed data is left out, which a field that cannot be
     fitted (a ``Tensor`` sized by the workers) needs.
 
+    ``progress`` is what the run prints to stderr while it goes on: ``"auto"`` (the default: a
+    live panel on a terminal, else ``"plain"``), ``"live"``, ``"plain"`` (a line every 5 s)
+    or ``"none"`` (only the lines that must be seen: restarts, failures); any other value is
+    a :class:`mprl.errors.UsageError` naming these.
+
     Everything is checked before any process starts (plugin, config, env id, action space,
     checkpoint, what the backend needs); a problem raises :class:`mprl.errors.UsageError`. A
     crashed child raises :class:`RunFailed` after every process has stopped. Ctrl-C / SIGTERM
     stop the run cleanly and return a summary with ``status="interrupted"``.
     """
+    check_mode(progress)
     pm = plugins or get_plugin_manager()
     pm.run_options().unknown(run_options, "mprl.run()")
     options = {"env": env, "workers": workers, "seed": seed, "total_steps": total_steps}
@@ -193,6 +199,7 @@ def _monitor(
     stats.workers = job.run.workers
     if plan.resume is not None:
         stats.restore(plan.resume.data["stats"])
+        stats.set_steps(job.initial_steps)  # the run's step from the start (the resume record)
         checkpoint.set_rng_states(plan.resume.data["rng"])
 
     def make_envs() -> list[Any]:

@@ -58,6 +58,7 @@ class RunStats:
         self.threshold = threshold
         self.total_steps = total_steps
         self.start = time.monotonic()
+        self._stopped_at: float | None = None  # stop_clock()
         self.env_steps = 0
         self.per_worker: tuple[int, ...] = ()
         self.episodes = 0
@@ -96,7 +97,18 @@ class RunStats:
 
     @property
     def wall_s(self) -> float:
-        return time.monotonic() - self.start
+        """Seconds the run has run, over all its sessions (a resumed run starts from its
+        checkpoint's): each session from when its monitor was made, before the processes
+        start, to :meth:`stop_clock`, when they have all stopped. Time between sessions does
+        not count. ``summary.json``'s ``wall_s``, the metrics' ``wall``, the progress display
+        and ``--max-time`` all read it."""
+        return (self._stopped_at or time.monotonic()) - self.start
+
+    def stop_clock(self) -> None:
+        """Stop :attr:`wall_s` where it is: every process has stopped, and the final checkpoint
+        and the summary must hold the same time, which a resumed run continues from."""
+        if self._stopped_at is None:
+            self._stopped_at = time.monotonic()
 
     @property
     def mean_return_100(self) -> float:

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import math
 import os
 import shutil
 import socket
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -104,18 +105,45 @@ def connect(address: str, cpus_needed: float) -> Path | None:
         check_address(address)  # ray.init would retry one with no Ray there for minutes
         _in_time(lambda: ray.init(address=address, **quiet), address)
         return None
-    ray.init(
-        address="local",
-        num_cpus=max(os.cpu_count() or 1, int(-(-cpus_needed // 1))),
-        include_dashboard=False,
-        # Ray starts workers at nice 15; the run's processes are the work here
-        _system_config={"worker_niceness": 0},
-        **quiet,
-    )
+    with _without_auth_note():
+        ray.init(
+            address="local",
+            num_cpus=max(os.cpu_count() or 1, int(-(-cpus_needed // 1))),
+            include_dashboard=False,
+            # Ray starts workers at nice 15; the run's processes are the work here
+            _system_config={"worker_niceness": 0},
+            **quiet,
+        )
     with contextlib.suppress(Exception):  # Ray's logs of this run: removed unless it fails
         node = ray._private.worker._global_node  # no public accessor
         return Path(node.get_session_dir_path())
     return None
+
+
+#: what Ray (2.5x and later) logs on every ``ray.init()`` that starts a cluster while
+#: ``RAY_AUTH_MODE`` is unset, having turned token authentication on for it
+AUTH_NOTE = "Token authentication is enabled for this Ray cluster"
+_AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
+
+
+class _DropAuthNote(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return AUTH_NOTE not in record.getMessage()
+
+
+@contextlib.contextmanager
+def _without_auth_note() -> Iterator[None]:
+    """Ray's :data:`AUTH_NOTE` left out while mprl starts its own throw-away cluster for one
+    run: news about a cluster the user never sees. Authentication is as Ray sets it (token
+    authentication on, as the note says); joining a cluster (``--ray-address``) goes
+    elsewhere, and whatever Ray says there is said."""
+    logger = logging.getLogger(_AUTH_LOGGER)
+    drop = _DropAuthNote()
+    logger.addFilter(drop)
+    try:
+        yield
+    finally:
+        logger.removeFilter(drop)
 
 
 def _in_time(join: Any, address: str) -> None:
