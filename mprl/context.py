@@ -38,9 +38,15 @@ class Channel(Protocol):
 
     def flush(self) -> None: ...
 
+    # optional (a channel without it sleeps): ``idle(slot, seconds) -> bool``, where a process
+    # waiting in :meth:`Context.wait_until` gives its time away (a sleep; serial: the turn to
+    # the others) and beats; True once the run is stopping
+
 
 #: the longest a stop-aware wait (:meth:`Context.get` ...) waits between looks at the stop flag
 WAIT_STEP_S = 0.1
+#: :meth:`Context.wait_until` sleeps between looks, backing off from the first to the second
+IDLE_S = (0.0001, 0.001)
 
 #: ``make_env(env_id, seed=, rank=, index=)``: an environment through the ``mprl_make_env`` hook
 EnvMaker = Callable[..., "gym.Env"]
@@ -291,6 +297,42 @@ class Context:
             return True
 
         return self._until(give, timeout) is True
+
+    def wait_until(self, predicate: Callable[[], Any], timeout: float | None = None) -> bool:
+        """Wait until ``predicate()`` is true: ``True`` then, ``False`` once the run stops or
+        after ``timeout`` seconds. For conditions on what the shared state counts (``lambda:
+        state.updates.value >= n``), without a polling loop of your own.
+
+        Between looks the process sleeps on its backend's own terms: on the local and Ray
+        backends a sleep backing off from 0.1 ms to 1 ms (a waiting process takes next to no
+        CPU, and sees the condition within a millisecond); on the serial backend it hands the
+        turn to the other processes (every process waiting 10 s is a deadlock, reported as
+        one). Each look beats the heartbeat. ``predicate`` runs in this process: on Ray, give it
+        what is cached there (``Counter.value``, ``ctx.env_steps``), not a remote call."""
+        idle = getattr(self.channel, "idle", None)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pause = IDLE_S[0]
+        if self.should_stop():
+            return False
+        while True:
+            if predicate():
+                return True
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            if idle is not None:
+                stopping = idle(self._slot, pause)
+            else:  # a channel of its own (a test's): sleep, then the heartbeat's look
+                time.sleep(pause)
+                stopping = self.should_stop()
+            if stopping:
+                return False
+            pause = min(pause * 2, IDLE_S[1])
+
+    def wait_steps(self, n: int, timeout: float | None = None) -> bool:
+        """Wait until the run has taken ``n`` env steps (:attr:`env_steps`): :meth:`wait_until`
+        of ``ctx.env_steps >= n``. On Ray the train process sees the workers' steps four
+        times a second (the driver's poll): it waits up to a quarter second longer there."""
+        return self.wait_until(lambda: self.env_steps >= n, timeout)
 
     def env_seed(self, index: int = 0) -> int:
         """The seed environment ``index`` of this process is reset with first."""

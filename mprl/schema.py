@@ -80,9 +80,8 @@ def _check_size(size: Size) -> None:
         raise ValueError(f"size {size} must be >= 1")
 
 
-def resolve(size: Size, dims: Dims, minimum: int = 1) -> int:
-    """The number ``size`` stands for in a run of ``dims``; ``ValueError`` saying why not (a
-    value below ``minimum`` too)."""
+def resolve(size: Size, dims: Dims) -> int:
+    """The number ``size`` stands for in a run of ``dims``; ``ValueError`` saying why not."""
     _check_size(size)
     if size == "workers":
         return dims.workers
@@ -95,8 +94,8 @@ def resolve(size: Size, dims: Dims, minimum: int = 1) -> int:
         value = getattr(dims.config, name)
     else:
         value = size(dims) if callable(size) else size
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"size {size!r} is {value!r}; it must be an int >= {minimum}")
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"size {size!r} is {value!r}; it must be an int >= 1")
     return value
 
 
@@ -130,7 +129,9 @@ class Builder(Protocol):
     def tensor(self, shape: tuple[int, ...], dtype: torch.dtype, fill: float) -> Any: ...
     def rollouts(self, spec: RowSpec, workers: int, slots_per_worker: int) -> Any: ...
     def weights(self) -> Any: ...
-    def replay(self, row: RowSpec, capacity: int, workers: int) -> Any: ...
+    def replay(
+        self, row: RowSpec, capacity: int, workers: int, pace: ReplayPace | None = None
+    ) -> Any: ...
     def counter(self, processes: int) -> Any: ...
     def module(self, make: Callable[..., torch.nn.Module] | None, dims: Dims) -> Any: ...
 
@@ -406,39 +407,17 @@ class Queue(_Plain):
     """``manager.Queue(maxsize)``: messages between processes, pickled through the Manager
     (about 0.1-0.2 ms a put or get on the local backend): small control messages, or whole
     episodes where a plugin wants the classic program's shape; per-step data belongs in
-    ``Rollouts`` or a ``ReplayBuffer``. ``maxsize`` is an int (``0``: unbounded) or a
-    ``Size`` (``"config.queue_size"``, ``"workers"``, a function of :class:`Dims`), whose
-    value may be 0 too.
-
-    Items are pickled into the Manager server, a process of its own that unpickles them: an
-    item of a class of your own needs that class importable by its module's name there, as
-    the worker and train functions are in every process (a module of an installed plugin, or
-    of the script that starts the run); a class it cannot import fails the ``put`` with the
-    server's ``ModuleNotFoundError``."""
+    ``Rollouts`` or a ``ReplayBuffer``."""
 
     kind: ClassVar[str] = "Queue"
-    maxsize: Size = 0
+    maxsize: int = 0
 
     def check(self) -> None:
-        if isinstance(self.maxsize, int) and not isinstance(self.maxsize, bool):
-            if self.maxsize < 0:
-                raise ValueError(f"maxsize {self.maxsize!r} must be an int >= 0 (0: unbounded)")
-            return
-        try:
-            _check_size(self.maxsize)
-        except ValueError:
-            raise ValueError(
-                f"maxsize {self.maxsize!r} must be an int >= 0 (0: unbounded), 'workers', "
-                "'all', 'config.FIELD' or a function of mprl.schema.Dims"
-            ) from None
-
-    def check_dims(self, dims: Dims) -> None:
-        self._args(dims)
+        if isinstance(self.maxsize, bool) or not isinstance(self.maxsize, int) or self.maxsize < 0:
+            raise ValueError(f"maxsize {self.maxsize!r} must be an int >= 0 (0: unbounded)")
 
     def _args(self, dims: Dims) -> tuple[Any, ...]:
-        if isinstance(self.maxsize, int):
-            return (self.maxsize,)
-        return (resolve(self.maxsize, dims, minimum=0),)
+        return (self.maxsize,)
 
 
 def _check_typecode(typecode: str) -> None:
@@ -698,32 +677,133 @@ def _repartition(
 
 
 @attrs.frozen
+class ReplayPace:
+    """A declared replay ratio, as the backends enforce it (:class:`ReplayBuffer`'s
+    ``replay_ratio``, ``learning_starts`` and ``max_lead``, resolved for a run).
+
+    ``ratio`` rows are sampled per row added once ``starts`` rows were added: the learner's
+    :meth:`credit` is the rows it may still sample. A ``sample(n)`` waits while the credit is
+    below ``n`` (:meth:`learner_waits`). Workers are bounded too, unless ``lead`` is ``None``:
+    a worker's ``add`` starts waiting once the rows added are ``lead`` rows ahead of what the
+    learner consumed at the ratio (beyond the batch it waits for) and goes on once they are
+    ``lead / 2`` ahead (:meth:`worker_waits`, :meth:`worker_resumes`): a learner that waits for
+    rows always lets the workers go on, so the two never wait for each other.
+    """
+
+    ratio: float
+    starts: int = 0
+    lead: int | None = None
+
+    def credit(self, added: int, sampled: int) -> float:
+        """Rows the learner may sample now: ``ratio * (added - starts) - sampled``."""
+        return self.ratio * (added - self.starts) - sampled
+
+    def learner_waits(self, added: int, sampled: int, want: int) -> bool:
+        """Whether a ``sample(want)`` must wait for more rows."""
+        return added < max(self.starts, 1) or self.credit(added, sampled) < want
+
+    def worker_waits(self, added: int, sampled: int, want: int) -> bool:
+        """Whether a worker's ``add`` must wait for the learner (``want``: the rows of the
+        batch the learner samples, 0 before its first)."""
+        return self.lead is not None and (
+            self.credit(added, sampled) >= want + self.ratio * self.lead
+        )
+
+    def worker_resumes(self, added: int, sampled: int, want: int) -> bool:
+        """Whether a worker waiting in ``add`` goes on: half its lead left, or a learner
+        waiting for rows."""
+        return self.lead is None or self.credit(added, sampled) < want + self.ratio * self.lead / 2
+
+    def caught_up(self, added: int) -> int:
+        """The rows sampled of a learner level with ``added`` rows (a checkpoint without the
+        count: no burst of updates after a resume)."""
+        return max(0, int(self.ratio * (added - self.starts)))
+
+
+Number = float | str | Callable[[Dims], float]
+
+
+def _number(value: Number, dims: Dims | None, what: str, low: float, strict: bool) -> float:
+    """``value`` (a number, ``"config.NAME"`` or a function of :class:`Dims`) checked against
+    ``low``; without ``dims``, only what can be checked before a run."""
+    if isinstance(value, str):
+        if not (value.startswith("config.") and value[7:].isidentifier()):
+            raise ValueError(f"{what} {value!r} must be a number, 'config.FIELD' or a function")
+        if dims is None:
+            return low
+        if not hasattr(dims.config, value[7:]):
+            raise ValueError(f"{what} {value!r}: the config has no field {value[7:]!r}")
+        value = getattr(dims.config, value[7:])
+    elif callable(value):
+        if dims is None:
+            return low
+        value = value(dims)
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or value < low or (strict and value == low):
+        bound = f"> {low:g}" if strict else f">= {low:g}"
+        raise ValueError(f"{what} is {value!r}; it must be a number {bound}")
+    return float(value)
+
+
+@attrs.frozen
 class ReplayBuffer(Field):
     """A replay buffer of ``capacity`` rows (:class:`mprl.transport.ReplayStore`), split evenly
     between the workers. ``row`` is ``{name: (shape, dtype)}`` of one row (or a function of
     :class:`Dims`); by default :func:`transition_row`. ``checkpoint=False`` keeps its rows out of
-    checkpoints (a resumed run starts with it empty)."""
+    checkpoints (a resumed run starts with it empty).
+
+    ``replay_ratio`` declares the training intensity, enforced on every backend: rows sampled
+    per row added (RLlib's ``training_intensity``; SB3's ``gradient_steps * batch_size /
+    train_freq``), counted from ``learning_starts`` rows on. The learner's ``sample(n)`` then
+    waits (stop-aware) until the rows added allow ``n`` more, and returns ``None`` once the run
+    stops; a worker's ``add`` waits once the workers are ``max_lead`` rows ahead of the learner
+    (until they are half that; ``max_lead=None``: workers never wait, the ratio bounds the
+    learner alone). Each may be a number, ``"config.NAME"`` or a function of :class:`Dims`.
+    The counts are checkpointed with the rows. See :class:`ReplayPace`."""
 
     kind: ClassVar[str] = "ReplayBuffer"
     capacity: Size
     row: RowSpec | Callable[[Dims], RowSpec] | None = None
     checkpoint: bool = True
+    replay_ratio: Number | None = None
+    learning_starts: Number = 0
+    max_lead: Number | None = 1000
 
     def check(self) -> None:
         _check_size(self.capacity)
         if not (self.row is None or callable(self.row) or isinstance(self.row, Mapping)):
             raise ValueError(f"row {self.row!r} must be a mapping or a function of Dims")
+        if self.replay_ratio is not None:
+            _number(self.replay_ratio, None, "replay_ratio", 0.0, strict=True)
+        _number(self.learning_starts, None, "learning_starts", 0.0, strict=False)
+        if self.max_lead is not None:
+            _number(self.max_lead, None, "max_lead", 1.0, strict=False)
 
     def _row(self, dims: Dims) -> dict[str, Any]:
         return _spec(transition_row if self.row is None else self.row, dims)
+
+    def pace(self, dims: Dims) -> ReplayPace | None:
+        """The replay ratio as a run of ``dims`` enforces it; ``None`` when none is declared."""
+        if self.replay_ratio is None:
+            return None
+        ratio = _number(self.replay_ratio, dims, "replay_ratio", 0.0, strict=True)
+        starts = _number(self.learning_starts, dims, "learning_starts", 0.0, strict=False)
+        lead = None
+        if self.max_lead is not None:
+            lead = int(_number(self.max_lead, dims, "max_lead", 1.0, strict=False))
+        return ReplayPace(ratio, int(starts), lead)
 
     def check_dims(self, dims: Dims) -> None:
         self._row(dims)
         if resolve(self.capacity, dims) < dims.workers:
             raise ValueError(f"capacity must be at least the number of workers ({dims.workers})")
+        self.pace(dims)
 
     def build(self, builder: Builder, dims: Dims) -> Any:
-        return builder.replay(self._row(dims), resolve(self.capacity, dims), dims.workers)
+        row, capacity, pace = self._row(dims), resolve(self.capacity, dims), self.pace(dims)
+        if pace is None:  # (a builder written before replay ratios takes no pace)
+            return builder.replay(row, capacity, dims.workers)
+        return builder.replay(row, capacity, dims.workers, pace=pace)
 
     def snapshot(self, built: Any) -> Any:
         return built.state() if self.checkpoint else None
@@ -739,7 +819,7 @@ class ReplayBuffer(Field):
     def memory(self, dims: Dims) -> tuple[int, int]:
         rows = resolve(self.capacity, dims)
         row = self._row(dims)
-        return _bytes(row, rows) + 8 * rows, len(row) + 2
+        return _bytes(row, rows) + 8 * rows + 8 * (dims.workers + 3), len(row) + 4
 
 
 @attrs.frozen
@@ -808,17 +888,6 @@ def _blame(name: str, decl: Field) -> Iterator[None]:
         raise SchemaError(f"shared-state field {name!r} ({decl.kind}): {exc}") from None
 
 
-def _never() -> bool:
-    return False
-
-
-def _rebuilt(fields: dict[str, Any], workers: int | None) -> SharedState:
-    """A :class:`SharedState` unpickled: its fields, and the worker count it was built for."""
-    state = SharedState(**fields)
-    state._workers = workers
-    return state
-
-
 class SharedState(SimpleNamespace):
     """The built shared state: one attribute per schema field.
 
@@ -826,42 +895,15 @@ class SharedState(SimpleNamespace):
     the same shared memory. :meth:`bound` gives a process its own view of the transport fields.
     """
 
-    __slots__ = ("_workers",)  # the run's worker count (Schema.build), not a field
-
-    def bound(self, slot: int | str, stop: Callable[[], bool] = _never) -> SharedState:
-        """The state as one process uses it: transport fields bound to its ``slot`` and its
-        ``stop`` check (their waits end once ``stop()`` is true; default: never), the rest as
-        they are. A worker's slot is its rank (``0 .. workers - 1``); the train process's is
-        :attr:`trainer_slot`, the number of workers (``"trainer"`` says it too). This is what
-        ``ctx.state`` is: a test holding the unbound state (``mprl.testing.build_state``) acts
-        as a process through it: ``state.bound(0).replay.add(...)``, ``state.bound("trainer")
-        .replay.sample(32)``."""
-        if slot == "trainer":
-            slot = self.trainer_slot
-        if isinstance(slot, bool) or not isinstance(slot, int) or slot < 0:
-            raise ValueError(f"slot {slot!r}: a worker's rank, or 'trainer'")
-        bound = SharedState(
+    def bound(self, slot: int, stop: Callable[[], bool]) -> SharedState:
+        """The state as process ``slot`` uses it: transport fields bound to its slot and stop
+        check, the rest as they are."""
+        return SharedState(
             **{
                 name: value.bind(slot, stop) if hasattr(value, "bind") else value
                 for name, value in vars(self).items()
             }
         )
-        bound._workers = getattr(self, "_workers", None)
-        return bound
-
-    @property
-    def trainer_slot(self) -> int:
-        """The train process's slot (:meth:`bound`): the number of workers the state was built
-        for; workers are slots ``0 .. trainer_slot - 1``."""
-        workers = getattr(self, "_workers", None)
-        if workers is None:
-            raise ValueError(
-                "this state was not built by Schema.build: its worker count is unknown"
-            )
-        return int(workers)
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return _rebuilt, (dict(vars(self)), getattr(self, "_workers", None))
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):
@@ -898,10 +940,6 @@ class Schema:
                 raise SchemaError(
                     f"shared-state field {name!r}: not a valid name; use a Python identifier "
                     "that does not start with '_'"
-                )
-            if name in ("bound", "trainer_slot"):
-                raise SchemaError(
-                    f"shared-state field {name!r}: the name of a SharedState member; rename it"
                 )
             if not isinstance(decl, KINDS):
                 kinds = ", ".join(k.__name__ for k in KINDS)
@@ -942,9 +980,7 @@ class Schema:
                 raise SchemaError(f"shared-state field {name!r} ({decl.kind}) needs a Manager")
             with _blame(name, decl):
                 built[name] = decl.build(builder, dims)
-        state = SharedState(**built)
-        state._workers = dims.workers
-        return state
+        return SharedState(**built)
 
     def snapshot(self, state: SharedState) -> dict[str, Any]:
         """The data of every field that has data (not locks, events, barriers or queues)."""

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from mprl.schema import Dims, RowSpec
+from mprl.schema import Dims, ReplayPace, RowSpec
 
 MAX_PAUSE_S = 0.001  # the longest a waiting call sleeps between looks
 
@@ -264,30 +264,88 @@ class TensorReplay(_Bound):
     counts the rows it completed. Each row has a sequence number, odd while the row is written:
     :meth:`sample` reads it before and after copying a row and draws again for any row that was
     odd or changed, so it never returns a torn row.
+
+    With a :class:`mprl.schema.ReplayPace` (a declared replay ratio), each process counts the
+    rows it sampled in its own slot of ``sampled`` (the last slot: earlier sessions), the
+    learner's batch size is in ``want``, and :meth:`sample` and :meth:`add` wait on them as
+    the pace says: the rows added are the sum of ``heads``.
     """
 
-    _shared = ("buffers", "_heads", "_stamps", "workers", "per_worker", "capacity")
+    _shared = (
+        "buffers", "_heads", "_stamps", "_sampled", "_want", "workers", "per_worker", "capacity",
+        "pace", "_sleep",
+    )  # fmt: skip
 
-    def __init__(self, row: RowSpec, capacity: int, workers: int, share: bool) -> None:
+    def __init__(
+        self,
+        row: RowSpec,
+        capacity: int,
+        workers: int,
+        share: bool,
+        sleep: bool = True,
+        pace: ReplayPace | None = None,
+    ) -> None:
         self.workers, self.per_worker = workers, capacity // workers
         self.capacity = self.per_worker * workers
+        self.pace, self._sleep = pace, sleep
         self.buffers = {
             name: _share(torch.zeros((self.capacity, *shape), dtype=dtype), share)
             for name, (shape, dtype) in row.items()
         }
         self._heads = _share(torch.zeros(workers, dtype=torch.int64), share)
         self._stamps = _share(torch.zeros(self.capacity, dtype=torch.int64), share)
+        self._sampled = _share(torch.zeros(workers + 2, dtype=torch.int64), share)
+        self._want = _share(torch.zeros(1, dtype=torch.int64), share)
         self._local()
 
     def _local(self) -> None:
         self._heads_np, self._stamps_np = self._heads.numpy(), self._stamps.numpy()
+        self._sampled_np, self._want_np = self._sampled.numpy(), self._want.numpy()
         # rows are written through numpy views (see benchmarks/README.md, "Replay rows through
         # numpy views")
         self._views = {name: t.numpy() for name, t in self.buffers.items()}
 
+    # -- the pace's counts ---------------------------------------------------------------------
+
+    def added(self) -> int:
+        """Rows added so far (all workers, earlier sessions included), overwritten ones too."""
+        return int(self._heads_np.sum())
+
+    def sampled(self) -> int:
+        """Rows sampled so far (all processes, earlier sessions included)."""
+        return int(self._sampled_np.sum())
+
+    def counts(self) -> tuple[int, int, int]:
+        """``(added, sampled, want)``: what the pace decides on."""
+        return self.added(), self.sampled(), int(self._want_np[0])
+
+    def _count_sample(self, n: int) -> None:
+        self._want_np[0] = n
+        self._sampled_np[min(max(self._slot, 0), self.workers)] += n
+
+    def wait_size(self, n: int, timeout: float | None = None) -> int | None:
+        def ready() -> int | None:
+            size = self.size()
+            return size if size >= n else None
+
+        return _wait(ready, self._stop, timeout, self._sleep)
+
+    # -- rows ----------------------------------------------------------------------------------
+
     def add(self, **rows: torch.Tensor) -> None:
         if not 0 <= self._slot < self.workers:
             raise RuntimeError("only a worker adds rows to a replay buffer")
+        pace = self.pace
+        if pace is not None and pace.worker_waits(*self.counts()):
+
+            def room() -> bool | None:
+                return True if pace.worker_resumes(*self.counts()) else None
+
+            _wait(room, self._stop, None, self._sleep)  # stopping: the rows go in all the same
+        self.write(self._slot, rows)
+
+    def write(self, rank: int, rows: Mapping[str, Any]) -> None:
+        """Append ``rows`` to ``rank``'s ring, never waiting (:meth:`add` checks and waits)."""
         if rows.keys() != self.buffers.keys():
             raise ValueError(f"add() takes the fields {sorted(self.buffers)}, got {sorted(rows)}")
         values = [
@@ -306,9 +364,9 @@ class TensorReplay(_Bound):
                     f"add(): {name} has shape {tuple(value.shape)}, expected "
                     f"{(n, *buffer.shape[1:])} ({n} rows)"
                 )
-        head = int(self._heads_np[self._slot])
-        start = self._slot * self.per_worker + head % self.per_worker
-        end = self._slot * self.per_worker + self.per_worker
+        head = int(self._heads_np[rank])
+        start = rank * self.per_worker + head % self.per_worker
+        end = rank * self.per_worker + self.per_worker
         # the rows in place: one slice when they do not wrap round the worker's ring (the
         # common case; an index copy per field is the slower way)
         parts = [(slice(start, start + n), slice(0, n))]
@@ -325,7 +383,7 @@ class TensorReplay(_Bound):
                 buffer[rows_at] = value[taken]
         for rows_at, _ in parts:
             self._stamps_np[rows_at] += 1  # even: complete
-        self._heads_np[self._slot] = head + n  # after the rows: they are visible from here on
+        self._heads_np[rank] = head + n  # after the rows: they are visible from here on
 
     def _sizes(self) -> np.ndarray:
         return np.minimum(self._heads_np, self.per_worker)
@@ -336,6 +394,22 @@ class TensorReplay(_Bound):
     def sample(
         self, n: int, generator: torch.Generator | None = None
     ) -> dict[str, torch.Tensor] | None:
+        pace = self.pace
+        if pace is not None:
+            self._want_np[0] = n  # before waiting: the workers' bound counts on this batch
+
+            def allowed() -> bool | None:
+                return None if pace.learner_waits(*self.counts()) else True
+
+            if _wait(allowed, self._stop, None, self._sleep) is None:
+                return None
+            self._count_sample(n)
+        return self.draw(n, generator)
+
+    def draw(
+        self, n: int, generator: torch.Generator | None = None
+    ) -> dict[str, torch.Tensor] | None:
+        """``n`` rows as :meth:`sample` returns them, never waiting and counting nothing."""
         sizes = self._sizes()
         total = int(sizes.sum())
         if total == 0:
@@ -361,6 +435,8 @@ class TensorReplay(_Bound):
     def state(self) -> dict[str, Any]:
         return {
             "heads": self._heads.clone(),
+            "sampled": torch.tensor(self.sampled()),
+            "added": torch.tensor(self.added()),
             **{name: t.clone() for name, t in self.buffers.items()},
         }
 
@@ -373,7 +449,22 @@ class TensorReplay(_Bound):
             t.copy_(state[name])
         self._heads.copy_(state["heads"])
         self._stamps.zero_()
+        self._sampled_np[:] = 0
+        self._sampled_np[-1] = self._sampled_after(state)
         return True
+
+    def _sampled_after(self, state: Mapping[str, Any]) -> int:
+        """The rows sampled to count on from after loading ``state``: its own count, less the
+        ratio's share of rows it had that are not here (rows re-partitioned for another number
+        of workers), so the learner is as far ahead or behind as it was; level with the rows
+        for a checkpoint without the count."""
+        pace, added = self.pace, self.added()
+        if state.get("sampled") is None:
+            return 0 if pace is None else pace.caught_up(added)
+        sampled = int(state["sampled"])
+        if pace is None or state.get("added") is None:
+            return sampled
+        return max(0, sampled - round(pace.ratio * (int(state["added"]) - added)))
 
 
 class TensorCounter(_Bound):
@@ -435,8 +526,10 @@ class TensorStateBuilder:
     def weights(self) -> TensorWeights:
         return TensorWeights(self.model, self.share, self.sleep)
 
-    def replay(self, row: RowSpec, capacity: int, workers: int) -> TensorReplay:
-        return TensorReplay(row, capacity, workers, self.share)
+    def replay(
+        self, row: RowSpec, capacity: int, workers: int, pace: ReplayPace | None = None
+    ) -> TensorReplay:
+        return TensorReplay(row, capacity, workers, self.share, self.sleep, pace)
 
     def counter(self, processes: int) -> TensorCounter:
         return TensorCounter(processes, self.share)

@@ -1,5 +1,6 @@
 """A worker's environments stepped together, and the rollout they write: for algorithm plugins
-to build on (the built-in a3c, impala and ppo collect with it)."""
+to build on (the built-in a3c, impala and ppo collect with it; :mod:`mprl.lib.offpolicy` steps
+it for the replay buffers of off-policy workers)."""
 
 from __future__ import annotations
 
@@ -144,21 +145,30 @@ class EnvBatch:
         return self.rewards, self.dones
 
     def _step(self, model: ActorCritic, actions: torch.Tensor) -> tuple[Any, Any]:
+        rewards, dones, ends = self.advance(model.to_env(actions))
+        cut = [(i, o) for i, o, terminated in ends if not terminated]
+        return self._learned(model, rewards, dones, cut)
+
+    def advance(self, env_actions: Any) -> tuple[Any, Any, list[tuple[int, np.ndarray, bool]]]:
+        """Step every env with ``env_actions`` (as the envs take them): episodes logged,
+        finished envs reset, ``self.obs`` the next observations (a new episode's first where
+        one ended). Returns the env's rewards and dones (a sequence each, one per env) and,
+        for each env whose episode ended, ``(index, its last observation, terminated)``:
+        ``terminated`` false where a time limit cut it (an off-policy learner bootstraps
+        from that observation; :meth:`step` adds its value to the reward instead)."""
         if self.pool is not None:
-            return self._step_pool(model, actions)
-        env_actions = model.to_env(actions)
+            return self._advance_pool(env_actions)
         ep_return = self.ep_return
         self.t += 1
         next_obs, rewards, dones = [], [], [False] * len(self.envs)
-        cut: list[tuple[int, np.ndarray]] = []  # envs stopped by a time limit, where they were
+        ends: list[tuple[int, np.ndarray, bool]] = []
         for i, env in enumerate(self.envs):
             if i and not i % 1024:  # a step of thousands of envs takes a while
                 self.beat()
             o, r, terminated, truncated, info = env.step(env_actions[i])
             ep_return[i] += r
             if terminated or truncated:
-                if not terminated:
-                    cut.append((i, o))
+                ends.append((i, o, bool(terminated)))
                 episode = info.get("episode")  # RecordEpisodeStatistics: the raw score
                 if episode is not None:
                     self.ctx.log_episode(float(episode["r"]), int(episode["l"]))
@@ -169,10 +179,9 @@ class EnvBatch:
             next_obs.append(o)
             rewards.append(r)
         self.obs = self._tensor(np.stack(next_obs))
-        return self._learned(model, rewards, dones, cut)
+        return rewards, dones, ends
 
-    def _step_pool(self, model: ActorCritic, actions: torch.Tensor) -> tuple[Any, Any]:
-        env_actions = model.to_env(actions)
+    def _advance_pool(self, env_actions: Any) -> tuple[Any, Any, list]:
         obs, rewards, terminated, truncated, info = self.pool.step(env_actions)
         raw = info.get("reward", rewards)  # Atari: the score; ``rewards`` are clipped
         self.t += 1
@@ -181,17 +190,16 @@ class EnvBatch:
         obs = obs.copy()  # the rollout keeps it: never a view of the pool's own buffer
         for i, r in enumerate(raw.tolist()):
             ep_return[i] += r
-        cut = [(i, obs[i]) for i in np.flatnonzero(done & ~terminated)]
-        rewards = self._learned(model, rewards.astype(np.float32), done, cut)[0]
-        for i in np.flatnonzero(done):
+        ids = np.flatnonzero(done)
+        ends = [(int(i), obs[i].copy(), bool(terminated[i])) for i in ids]
+        for i in ids:
             self.ctx.log_episode(ep_return[i], self.t - self.ep_start[i])
             ep_return[i], self.ep_start[i] = 0.0, self.t
-        if done.any():  # EnvPool resets on the next step: do it now, for those envs alone
-            ids = np.flatnonzero(done)
+        if ids.size:  # EnvPool resets on the next step: do it now, for those envs alone
             fresh, *_, again = self.pool.step(env_actions[ids], env_id=ids)
             obs[again["env_id"]] = fresh
         self.obs = self._tensor(obs)
-        return rewards, done
+        return rewards.astype(np.float32), done, ends
 
     def _learned(
         self, model: ActorCritic, rewards: Any, dones: Any, cut: list[tuple[int, np.ndarray]]

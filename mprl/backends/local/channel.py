@@ -68,6 +68,12 @@ class LocalChannel:
         self.beat(slot)
         return bool(self._control[_STOP])
 
+    def idle(self, slot: int, seconds: float) -> bool:
+        """A waiting process's pause (:meth:`mprl.Context.wait_until`): a sleep, then a beat;
+        True once the run is stopping."""
+        time.sleep(seconds)
+        return self.should_stop(slot)
+
     def stop(self) -> None:
         """Main process: raise the stop flag every child looks at."""
         self._control[_STOP] = 1

@@ -44,6 +44,10 @@ class ActorChannel:
         self.beat(slot)
         return self.stopping
 
+    def idle(self, slot: int, seconds: float) -> bool:
+        time.sleep(seconds)
+        return self.should_stop(slot)
+
     def add_steps(self, slot: int, n: int) -> None:
         self.steps += n
         self.beat(slot)

@@ -10,6 +10,13 @@ any newer weights, so a worker's next acquire and pull usually cost no call eith
 Every wait is a remote call of at most :data:`WAIT_SLICE_S`, so a waiting process looks at the
 run's stop flag (and beats its heartbeat) that often; waits return ``None`` once the run stops,
 as on the local backend.
+
+A replay buffer lives in the hub too. With a declared replay ratio (:class:`ReplayPace`) the
+learner's ``sample`` waits on the hub's condition, in its own process; a worker decides whether
+it is ahead from the counts its last batch's answer brought back (plus the rows it has not
+sent), with no call, and only when it is ahead waits in one remote call that returns once the
+learner has caught up by half the lead: a worker far ahead makes one call per half lead of rows,
+not one per look.
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ import ray
 import torch
 
 from mprl.backends.tensors import TensorReplay, _floating
-from mprl.schema import Dims, RowSpec
+from mprl.schema import Dims, ReplayPace, RowSpec
 
 #: the longest one remote wait lasts, so stop checks and heartbeats come at least this often
 WAIT_SLICE_S = 0.1
@@ -146,18 +153,50 @@ class Hub:
         with self._changed:
             self.counters[field] = value
 
-    def replay_init(self, field: str, row: RowSpec, capacity: int, workers: int) -> None:
-        self.replays[field] = TensorReplay(row, capacity, workers, share=False)
+    def replay_init(
+        self,
+        field: str,
+        row: RowSpec,
+        capacity: int,
+        workers: int,
+        pace: ReplayPace | None = None,
+    ) -> None:
+        self.replays[field] = TensorReplay(row, capacity, workers, share=False, pace=pace)
 
     def replay_add(self, field: str, rank: int, rows: Mapping[str, np.ndarray]) -> None:
-        replay = self.replays[field].bind(rank, _never)
-        replay.add(**{name: torch.from_numpy(np.asarray(value)) for name, value in rows.items()})
+        replay = self.replays[field]
+        if not 0 <= rank < replay.workers:
+            raise RuntimeError("only a worker adds rows to a replay buffer")
+        replay.write(rank, {name: np.asarray(value) for name, value in rows.items()})
 
     def replay_size(self, field: str) -> int:
         return self.replays[field].size()
 
     def replay_sample(self, field: str, n: int) -> dict[str, torch.Tensor] | None:
-        return self.replays[field].sample(n)
+        """A worker's sample: drawn as it is, counted, never waiting (the ratio paces the
+        learner, who samples in this process)."""
+        replay = self.replays[field]
+        with self._changed:
+            if replay.pace is not None:
+                replay._count_sample(n)
+                self._changed.notify_all()
+            return replay.draw(n)
+
+    def replay_wait_size(self, field: str, n: int, timeout: float) -> int | None:
+        replay = self.replays[field]
+        return self._until(lambda: replay.size() if replay.size() >= n else None, timeout)
+
+    def replay_room(self, field: str, timeout: float) -> dict | None:
+        """A worker ahead of the replay ratio waits here until it may go on; the answer is
+        :meth:`info` (its cache's refresh), ``None`` after ``timeout``."""
+        replay = self.replays[field]
+        pace = replay.pace
+        assert pace is not None
+
+        def room() -> bool | None:
+            return True if pace.worker_resumes(*replay.counts()) else None
+
+        return self.info() if self._until(room, timeout) else None
 
     def replay_state(self, field: str) -> dict[str, Any]:
         return self.replays[field].state()
@@ -173,13 +212,18 @@ class Hub:
         for field, parts in rows.items():
             for part in parts:
                 self.replay_add(field, rank, part)
+        if rows:
+            with self._changed:  # a learner waiting for rows
+                self._changed.notify_all()
         return self.info()
 
-    def info(self) -> dict[str, dict[str, int]]:
-        """What every process caches between calls: weights versions and counter totals."""
+    def info(self) -> dict[str, dict[str, Any]]:
+        """What every process caches between calls: weights versions, counter totals and each
+        replay buffer's ``(added, sampled, want)``."""
         return {
             "weights": {f: w[0] for f, w in self.weights.items()},
             "counters": dict(self.counters),
+            "replays": {f: r.counts() for f, r in self.replays.items()},
         }
 
 
@@ -231,16 +275,20 @@ _HINTS: dict[str, tuple[int, list[Any]]] = {}
 _SEEN: dict[str, int] = {}
 #: the hub's weights versions and counter totals, as of this process's last flush or the
 #: driver's last poll (:func:`note`): per-step reads of them cost no call
-_INFO: dict[str, dict[str, int]] = {"weights": {}, "counters": {}}
+_INFO: dict[str, dict[str, Any]] = {"weights": {}, "counters": {}, "replays": {}}
 
 
-def note(info: Mapping[str, Mapping[str, int]] | None) -> None:
+def note(info: Mapping[str, Mapping[str, Any]] | None) -> None:
     """Refresh this process's cache of the hub's versions and totals."""
     if info:  # answers may arrive out of order (a poll's is older): keep the newest
         for key in ("weights", "counters"):
             cache = _INFO[key]
             for field, value in info.get(key, {}).items():
                 cache[field] = max(value, cache.get(field, value))
+        replays = _INFO["replays"]
+        for field, counts in info.get("replays", {}).items():  # (added, sampled, want)
+            had = replays.get(field, counts)
+            replays[field] = tuple(max(a, b) for a, b in zip(counts, had, strict=True))
 
 
 class _Batch:
@@ -254,6 +302,7 @@ class _Batch:
         self.counters: dict[str, int] = {}
         self.rows: dict[str, list[dict[str, np.ndarray]]] = {}
         self.n_rows = 0
+        self.in_flight = 0  # rows of the batch sent last, until its answer is read
         self.sent_at = time.monotonic()
         self.answer: Any = None
         self.lock = threading.Lock()
@@ -266,9 +315,10 @@ class _Batch:
         with self.lock:
             if self.answer is not None:
                 note(_get(self.answer))
-                self.answer = None
+                self.answer, self.in_flight = None, 0
             if self.hub is not None and (self.counters or self.rows):
                 counters, rows = self.counters, self.rows
+                self.in_flight = self.n_rows
                 self.counters, self.rows, self.n_rows = {}, {}, 0
                 self.answer = self.hub.hub_call.remote("flush", self.rank, counters, rows)
             self.sent_at = time.monotonic()
@@ -519,11 +569,26 @@ class RayReplay(_Bound):
     """:class:`mprl.transport.ReplayStore` across nodes: the buffer lives in the train
     process (the hub's host), where :meth:`sample` reads it with no call; a worker's rows are
     batched and sent in order (see :class:`_Batch`), so they become visible to the learner
-    within :data:`FLUSH_S`."""
+    within :data:`FLUSH_S`. A declared replay ratio is kept as the module's docstring says;
+    a worker's rows not yet sent count as added when it decides, so the workers together may
+    be a batch (:data:`FLUSH_ROWS` rows at most) beyond ``max_lead``."""
 
-    def __init__(self, hub: Any, field: str, capacity: int) -> None:
+    def __init__(self, hub: Any, field: str, capacity: int, pace: ReplayPace | None = None) -> None:
         super().__init__(hub, field)
-        self.capacity = capacity
+        self.capacity, self.pace = capacity, pace
+
+    def _hosted_wait(self, hosted: Hub, ready: Callable[[], Any], timeout: float | None) -> Any:
+        """``ready()``'s value once it is not ``None``, waiting on the hub's condition in
+        slices (stop checks and heartbeats between them); ``None`` once stopping or timed out."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._stop():
+            left = WAIT_SLICE_S if deadline is None else deadline - time.monotonic()
+            found = hosted._until(ready, max(0.0, min(WAIT_SLICE_S, left)))
+            if found is not None:
+                return found
+            if deadline is not None and time.monotonic() >= deadline:
+                return None
+        return None
 
     def add(self, **rows: torch.Tensor) -> None:
         if self._slot < 0:
@@ -535,11 +600,28 @@ class RayReplay(_Bound):
         hosted = _HOSTED.get(self._hub_id)
         if hosted is not None:
             hosted.replay_add(self.field, self._slot, data)
+            with hosted._changed:
+                hosted._changed.notify_all()
             return
+        self._keep_pace()
         _BATCH.hub, _BATCH.rank = self.hub, self._slot
         _BATCH.rows.setdefault(self.field, []).append(data)
         _BATCH.n_rows += len(next(iter(data.values())))
         _BATCH.due()
+
+    def _keep_pace(self) -> None:
+        """A worker ahead of the replay ratio (as its cache says) waits in the hub."""
+        pace = self.pace
+        if pace is None or pace.lead is None or self._stop():
+            return
+        added, sampled, want = _INFO["replays"].get(self.field, (0, 0, 0))
+        if not pace.worker_waits(added + _BATCH.in_flight + _BATCH.n_rows, sampled, want):
+            return
+
+        def room(slice_s: float) -> Any:
+            return self._call("replay_room", self.field, slice_s)
+
+        note(self._waiting(room, None))  # (sends this process's batch first)
 
     def size(self) -> int:
         hosted = _HOSTED.get(self._hub_id)
@@ -547,13 +629,39 @@ class RayReplay(_Bound):
             return hosted.replay_size(self.field)
         return int(_get(self._call("replay_size", self.field)))
 
+    def wait_size(self, n: int, timeout: float | None = None) -> int | None:
+        hosted = _HOSTED.get(self._hub_id)
+        if hosted is not None:
+            replay = hosted.replays[self.field]
+            return self._hosted_wait(
+                hosted, lambda: replay.size() if replay.size() >= n else None, timeout
+            )
+
+        def size(slice_s: float) -> Any:
+            return self._call("replay_wait_size", self.field, n, slice_s)
+
+        return self._waiting(size, timeout)
+
     def sample(
         self, n: int, generator: torch.Generator | None = None
     ) -> dict[str, torch.Tensor] | None:
         hosted = _HOSTED.get(self._hub_id)
-        if hosted is not None:
-            return hosted.replays[self.field].sample(n, generator)
-        return _get(self._call("replay_sample", self.field, n))
+        if hosted is None:
+            return _get(self._call("replay_sample", self.field, n))
+        replay = hosted.replays[self.field]
+        pace = replay.pace
+        if pace is not None:
+            replay._want_np[0] = n
+
+            def allowed() -> bool | None:
+                return None if pace.learner_waits(*replay.counts()) else True
+
+            if self._hosted_wait(hosted, allowed, None) is None:
+                return None
+            with hosted._changed:  # workers waiting for the learner
+                replay._count_sample(n)
+                hosted._changed.notify_all()
+        return replay.draw(n, generator)
 
     def state(self) -> dict[str, Any]:
         return _get(self._call("replay_state", self.field), timeout=600)
@@ -595,10 +703,12 @@ class RayStateBuilder:
         _get(self.hub.hub_call.remote("counter_load", field, 0))  # known to every cache: 0
         return RayCounter(self.hub, field)
 
-    def replay(self, row: RowSpec, capacity: int, workers: int) -> RayReplay:
+    def replay(
+        self, row: RowSpec, capacity: int, workers: int, pace: ReplayPace | None = None
+    ) -> RayReplay:
         field = self._name("replay")
-        _get(self.hub.hub_call.remote("replay_init", field, row, capacity, workers))
-        return RayReplay(self.hub, field, capacity // workers * workers)
+        _get(self.hub.hub_call.remote("replay_init", field, row, capacity, workers, pace))
+        return RayReplay(self.hub, field, capacity // workers * workers, pace)
 
     def module(self, make: Callable[..., torch.nn.Module] | None, dims: Dims) -> torch.nn.Module:
         """A module of the train process (each process has its own copy; the driver's follows

@@ -122,6 +122,15 @@ class _SerialChannel:
         if not starting:
             self.run.switch()
 
+    def idle(self, slot: int, seconds: float) -> bool:
+        """A waiting process's pause: the turn to the others, as a wait on the shared state
+        (every process waiting :data:`DEADLOCK_S` is a deadlock); True once stopping."""
+        try:
+            self.run.pause()
+        except _Stopped:
+            return True
+        return self.run.stopping
+
     def env_steps(self) -> int:
         return sum(self.steps)
 
