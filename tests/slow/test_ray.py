@@ -190,6 +190,39 @@ def test_dqn_replay_counter_and_target_across_nodes_then_resumed_locally(cluster
     assert after["shared_state"]["updates"] > shared["updates"]
 
 
+def test_sac_resumed_on_ray_with_3_workers_then_locally_with_1_keeps_its_replay_rows(
+    cluster, tmp_path
+):
+    """A local run's replay rows re-partitioned over 3 Ray workers (the buffer in the train
+    process's actor), then back over 1 local worker, none lost, the run going on each time."""
+    run_dir = tmp_path / "run"
+    tiny = [f"--set={k}={v}" for k, v in
+            {"hidden": [32, 32], "batch_size": 32, "learning_starts": 200,
+             "buffer_size": 3000}.items()]  # fmt: skip
+    first = cli("run", "--plugin", "sac", "--workers", "2", "--total-steps", "600", *tiny,
+                "--run-dir", str(run_dir), "--quiet")  # fmt: skip
+    assert first.returncode == 0, first.stderr
+    rows = int(torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)[
+        "shared_state"]["replay"]["heads"].sum())  # fmt: skip
+    on_ray = run_ray(cluster, "--resume", str(run_dir), "--workers", "3", "--worker-cpus", "1",
+                     "--total-steps", "1200", "--quiet")  # fmt: skip
+    assert on_ray.returncode == 0, on_ray.stderr
+    assert (
+        f"resume: shared-state field 'replay' (ReplayBuffer): {rows:,} rows re-partitioned from "
+        "2 workers (1,500 rows each) to 3 (1,000 rows each)"
+    ) in on_ray.stderr
+    saved = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
+    replay = saved["shared_state"]["replay"]
+    assert replay["heads"].shape == (3,) and saved["run"]["backend"] == "ray"
+    assert int(replay["heads"].sum()) == saved["env_steps"] >= 1200  # the rows kept, and more
+    back = cli("run", "--resume", str(run_dir), "--backend", "local", "--workers", "1",
+               "--total-steps", "1500", "--quiet")  # fmt: skip
+    assert back.returncode == 0, back.stderr
+    last = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
+    assert last["shared_state"]["replay"]["heads"].tolist() == [last["env_steps"]]
+    assert last["env_steps"] >= 1500 and last["session"] == 2
+
+
 def test_the_classic_shape_works_across_nodes(cluster, tmp_path):
     """Barrier, Queue, List, Value, Lock and PerWorker fields shared by actors on three nodes,
     and workers acting with the train process's model (``ctx.model`` follows it)."""
