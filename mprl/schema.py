@@ -80,8 +80,9 @@ def _check_size(size: Size) -> None:
         raise ValueError(f"size {size} must be >= 1")
 
 
-def resolve(size: Size, dims: Dims) -> int:
-    """The number ``size`` stands for in a run of ``dims``; ``ValueError`` saying why not."""
+def resolve(size: Size, dims: Dims, minimum: int = 1) -> int:
+    """The number ``size`` stands for in a run of ``dims``; ``ValueError`` saying why not (a
+    value below ``minimum`` too)."""
     _check_size(size)
     if size == "workers":
         return dims.workers
@@ -94,8 +95,8 @@ def resolve(size: Size, dims: Dims) -> int:
         value = getattr(dims.config, name)
     else:
         value = size(dims) if callable(size) else size
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"size {size!r} is {value!r}; it must be an int >= 1")
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"size {size!r} is {value!r}; it must be an int >= {minimum}")
     return value
 
 
@@ -407,17 +408,39 @@ class Queue(_Plain):
     """``manager.Queue(maxsize)``: messages between processes, pickled through the Manager
     (about 0.1-0.2 ms a put or get on the local backend): small control messages, or whole
     episodes where a plugin wants the classic program's shape; per-step data belongs in
-    ``Rollouts`` or a ``ReplayBuffer``."""
+    ``Rollouts`` or a ``ReplayBuffer``. ``maxsize`` is an int (``0``: unbounded) or a
+    ``Size`` (``"config.queue_size"``, ``"workers"``, a function of :class:`Dims`), whose
+    value may be 0 too.
+
+    Items are pickled into the Manager server, a process of its own that unpickles them: an
+    item of a class of your own needs that class importable by its module's name there, as
+    the worker and train functions are in every process (a module of an installed plugin, or
+    of the script that starts the run); a class it cannot import fails the ``put`` with the
+    server's ``ModuleNotFoundError``."""
 
     kind: ClassVar[str] = "Queue"
-    maxsize: int = 0
+    maxsize: Size = 0
 
     def check(self) -> None:
-        if isinstance(self.maxsize, bool) or not isinstance(self.maxsize, int) or self.maxsize < 0:
-            raise ValueError(f"maxsize {self.maxsize!r} must be an int >= 0 (0: unbounded)")
+        if isinstance(self.maxsize, int) and not isinstance(self.maxsize, bool):
+            if self.maxsize < 0:
+                raise ValueError(f"maxsize {self.maxsize!r} must be an int >= 0 (0: unbounded)")
+            return
+        try:
+            _check_size(self.maxsize)
+        except ValueError:
+            raise ValueError(
+                f"maxsize {self.maxsize!r} must be an int >= 0 (0: unbounded), 'workers', "
+                "'all', 'config.FIELD' or a function of mprl.schema.Dims"
+            ) from None
+
+    def check_dims(self, dims: Dims) -> None:
+        self._args(dims)
 
     def _args(self, dims: Dims) -> tuple[Any, ...]:
-        return (self.maxsize,)
+        if isinstance(self.maxsize, int):
+            return (self.maxsize,)
+        return (resolve(self.maxsize, dims, minimum=0),)
 
 
 def _check_typecode(typecode: str) -> None:
@@ -888,6 +911,17 @@ def _blame(name: str, decl: Field) -> Iterator[None]:
         raise SchemaError(f"shared-state field {name!r} ({decl.kind}): {exc}") from None
 
 
+def _never() -> bool:
+    return False
+
+
+def _rebuilt(fields: dict[str, Any], workers: int | None) -> SharedState:
+    """A :class:`SharedState` unpickled: its fields, and the worker count it was built for."""
+    state = SharedState(**fields)
+    state._workers = workers
+    return state
+
+
 class SharedState(SimpleNamespace):
     """The built shared state: one attribute per schema field.
 
@@ -895,15 +929,42 @@ class SharedState(SimpleNamespace):
     the same shared memory. :meth:`bound` gives a process its own view of the transport fields.
     """
 
-    def bound(self, slot: int, stop: Callable[[], bool]) -> SharedState:
-        """The state as process ``slot`` uses it: transport fields bound to its slot and stop
-        check, the rest as they are."""
-        return SharedState(
+    __slots__ = ("_workers",)  # the run's worker count (Schema.build), not a field
+
+    def bound(self, slot: int | str, stop: Callable[[], bool] = _never) -> SharedState:
+        """The state as one process uses it: transport fields bound to its ``slot`` and its
+        ``stop`` check (their waits end once ``stop()`` is true; default: never), the rest as
+        they are. A worker's slot is its rank (``0 .. workers - 1``); the train process's is
+        :attr:`trainer_slot`, the number of workers (``"trainer"`` says it too). This is what
+        ``ctx.state`` is: a test holding the unbound state (``mprl.testing.build_state``) acts
+        as a process through it: ``state.bound(0).replay.add(...)``, ``state.bound("trainer")
+        .replay.sample(32)``."""
+        if slot == "trainer":
+            slot = self.trainer_slot
+        if isinstance(slot, bool) or not isinstance(slot, int) or slot < 0:
+            raise ValueError(f"slot {slot!r}: a worker's rank, or 'trainer'")
+        bound = SharedState(
             **{
                 name: value.bind(slot, stop) if hasattr(value, "bind") else value
                 for name, value in vars(self).items()
             }
         )
+        bound._workers = getattr(self, "_workers", None)
+        return bound
+
+    @property
+    def trainer_slot(self) -> int:
+        """The train process's slot (:meth:`bound`): the number of workers the state was built
+        for; workers are slots ``0 .. trainer_slot - 1``."""
+        workers = getattr(self, "_workers", None)
+        if workers is None:
+            raise ValueError(
+                "this state was not built by Schema.build: its worker count is unknown"
+            )
+        return int(workers)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _rebuilt, (dict(vars(self)), getattr(self, "_workers", None))
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):
@@ -940,6 +1001,10 @@ class Schema:
                 raise SchemaError(
                     f"shared-state field {name!r}: not a valid name; use a Python identifier "
                     "that does not start with '_'"
+                )
+            if name in ("bound", "trainer_slot"):
+                raise SchemaError(
+                    f"shared-state field {name!r}: the name of a SharedState member; rename it"
                 )
             if not isinstance(decl, KINDS):
                 kinds = ", ".join(k.__name__ for k in KINDS)
@@ -980,7 +1045,9 @@ class Schema:
                 raise SchemaError(f"shared-state field {name!r} ({decl.kind}) needs a Manager")
             with _blame(name, decl):
                 built[name] = decl.build(builder, dims)
-        return SharedState(**built)
+        state = SharedState(**built)
+        state._workers = dims.workers
+        return state
 
     def snapshot(self, state: SharedState) -> dict[str, Any]:
         """The data of every field that has data (not locks, events, barriers or queues)."""
