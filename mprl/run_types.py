@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import math
 import os
+import re
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
@@ -15,11 +17,44 @@ from attrs import validators as v
 T = TypeVar("T")
 MAX_SEED = 2**32 - 1  # what every generator a run seeds (numpy's too) takes
 MAX_THREADS = 256  # torch threads per child; far more crashed torch here (100,000: SIGSEGV)
+MAX_EVAL_EPISODES = 100_000  # episodes of one evaluation (--eval-episodes)
 
 
 def _positive_or_none(instance: Any, attribute: attrs.Attribute, value: int | None) -> None:
     if value is not None and value < 1:
         raise ValueError(f"'{attribute.name}' must be >= 1 or unset (no limit): {value}")
+
+
+#: seconds in each unit a duration may be given in (``90s``, ``10m``, ``1.5h``, ``1h30m``)
+_UNITS = {"s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
+_NUMBER = r"[0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?"
+_PART = re.compile(rf"({_NUMBER})\s*([a-z]+)\s*")
+
+
+def duration(value: float | str | None) -> float | None:
+    """Seconds of a duration: a number of seconds, or text such as ``600``, ``90s``, ``10m``,
+    ``1.5h``, ``1h30m``, ``2d``; ``None`` (or ``"none"``) for no limit. Anything else raises
+    ``ValueError`` saying what is accepted (``max_time`` converts with it)."""
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "off")):
+        return None
+    seconds = math.nan
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        seconds = float(value)
+    elif isinstance(value, str):
+        text = value.strip().lower()
+        if re.fullmatch(_NUMBER, text):
+            seconds = float(text)
+        elif text and re.fullmatch(rf"(?:{_PART.pattern})+", text):
+            parts = _PART.findall(text)
+            if all(unit in _UNITS for _, unit in parts):
+                seconds = sum(float(n) * _UNITS[unit] for n, unit in parts)
+    if not math.isfinite(seconds) or seconds <= 0:
+        shown = int(value) if isinstance(value, float) and value.is_integer() else value
+        raise ValueError(
+            "a wall-clock time above 0: seconds or a number with a unit, e.g. 90s, 10m, 1.5h, "
+            f"1h30m (none: no limit); got {shown!r}"
+        )
+    return seconds
 
 
 @attrs.frozen
@@ -103,6 +138,29 @@ class RunConfig:
             "help": "write every episode to metrics.jsonl; by default a long fast run sums "
             "them up per second once it wrote 20,000 (50 a second on average)"
         },
+    )
+    max_time: float | str | None = attrs.field(
+        default=None,
+        converter=duration,
+        metadata={
+            "type": "duration",
+            "help": "stop after this wall-clock time, with a final checkpoint: seconds or 90s, "
+            "10m, 1.5h; counts the whole run, earlier sessions too (default: no limit)",
+        },
+    )
+    eval_every: int = attrs.field(
+        default=0,
+        validator=v.ge(0),
+        metadata={
+            "help": "every this many env steps, play --eval-episodes episodes of the current "
+            "policy, deterministic, in the main process; 'solved' is then judged on them "
+            "(0: off)"
+        },
+    )
+    eval_episodes: int = attrs.field(
+        default=10,
+        validator=[v.ge(1), v.le(MAX_EVAL_EPISODES)],
+        metadata={"help": "episodes of each evaluation (--eval-every)"},
     )
     #: the values of the run options plugins register (``mprl_register_options``), by field
     #: name; read them with :meth:`of`
@@ -190,6 +248,13 @@ class Summary:
     #: the checkpoint the run can be resumed from: its ``path`` and the ``env_steps`` it holds
     #: (``None`` for one written before this was kept); ``None`` when it ended with none
     checkpoint: Mapping[str, Any] | None = None
+    #: what "solved" was judged on: ``"training"`` (the mean return of the last 100 training
+    #: episodes, confirmed by the policy check) or ``"eval"`` (evaluation episodes,
+    #: ``--eval-every``)
+    solved_on: str = "training"
+    #: the last evaluation (``--eval-every``): ``step``, ``wall``, ``eval_return_mean``,
+    #: ``eval_return_std``, ``eval_length_mean``, ``episodes``; ``None`` when none was played
+    last_eval: Mapping[str, Any] | None = None
 
     @property
     def exit_code(self) -> int:

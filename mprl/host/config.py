@@ -187,13 +187,16 @@ def _describe(exc: BaseException) -> str:
 
 
 def describe_fields(cls: type) -> list[tuple[str, str, str, str]]:
-    """``(name, type, default, help)`` for each field, for ``--help`` and docs."""
+    """``(name, type, default, help)`` for each field, for ``--help`` and docs; a field's
+    ``metadata["type"]`` names its type there when the annotation does not say it well (a
+    duration: ``float | str | None``)."""
     rows = []
     for name, f in fields_of(cls).items():
         default = f.default
         if isinstance(default, attrs.Factory):  # type: ignore[arg-type]
             default = default.factory()
-        rows.append((name, type_name(f.type), repr(default), f.metadata.get("help", "")))
+        shown = f.metadata.get("type") or type_name(f.type)
+        rows.append((name, shown, repr(default), f.metadata.get("help", "")))
     return rows
 
 

@@ -4,7 +4,7 @@ built-in implementation of that hook (gymnasium's registry), a plugin registered
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
@@ -190,6 +190,24 @@ def play_episodes(
     derived from ``seed`` and ``i``. Returns each episode's return (the raw score where
     ``RecordEpisodeStatistics`` tells it) and length, in episode order.
     """
+    steps = playing_episodes(envs, act, episodes, deterministic, seed)
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
+
+
+def playing_episodes(
+    envs: Sequence[gym.Env],
+    act: Callable[[torch.Tensor, bool], Any],
+    episodes: int,
+    deterministic: bool,
+    seed: int,
+) -> Generator[None, None, tuple[list[float], list[int]]]:
+    """:func:`play_episodes` a step at a time: a generator that yields after each batched step
+    and returns what :func:`play_episodes` returns, for a caller that plays in slices (the
+    evaluation episodes, between the run's supervision ticks)."""
     returns, lengths = [0.0] * episodes, [0] * episodes
     playing: list[int | None] = [None] * len(envs)  # the episode each env is in
     obs: list[Any] = [None] * len(envs)
@@ -216,4 +234,5 @@ def play_episodes(
                 if "episode" in info:  # the raw score, under a wrapper that clips rewards
                     returns[episode] = float(info["episode"]["r"])
                 start(j)
+        yield
     return returns, lengths

@@ -15,7 +15,7 @@ from mprl.backends.base import Job
 from mprl.host import checkpoint
 from mprl.host.config import as_dict
 from mprl.host.plugins import PluginManager
-from mprl.host.policy_check import CHECK_EPISODES, PolicyCheck
+from mprl.host.policy_check import CHECK_EPISODES, Evaluation, PolicyCheck
 from mprl.host.progress import Progress
 from mprl.host.rundir import RunDir
 from mprl.host.stats import RunStats
@@ -129,6 +129,7 @@ class RunMonitor:
         stop_signal: Callable[[], int | None],
         stats: RunStats,
         check: PolicyCheck,
+        evaluation: Evaluation | None = None,
     ) -> None:
         self.info, self.job, self.rundir, self.pm = info, job, rundir, pm
         self.progress, self.stop_signal, self.stats, self.check = (
@@ -151,6 +152,8 @@ class RunMonitor:
         self.checkpoint_error: str | None = None
         self._failure_shown: str | None = None  # the message of that failure, shown once
         self._bad_fields: set[str] = set()  # fields of children's records already warned of
+        #: the evaluation episodes (--eval-every): "solved" is judged on them while they play
+        self.evaluation = evaluation
 
     def on_start(self, state: SharedState) -> None:
         self.state = state
@@ -223,22 +226,64 @@ class RunMonitor:
             return signal.Signals(received).name
         if self.fault is not None:
             return FAULT_STOP
+        self._evaluate()
         if self._solved():
             if not self._solved_logged:  # when, and at which mean: the summary's mean is the
                 self._solved_logged = True  # last 100 episodes when the run ended
-                self._emit([{**self._main_record(), "event": "solved"}])
+                record = {**self._main_record(), "event": "solved", "on": self.solved_on}
+                self._emit([record])
             return "solved"
         total = self.info.run.total_steps
         if total is not None and env_steps >= total:
             return "total steps reached"
+        budget = self.info.run.max_time
+        if budget is not None and self.stats.wall_s >= budget:  # the whole run's wall time
+            return "time budget"
         return None
+
+    @property
+    def solved_on(self) -> str:
+        """What "solved" is judged on: ``"eval"`` (evaluation returns, --eval-every) or
+        ``"training"`` (training returns, confirmed by the policy check)."""
+        evaluation = self.evaluation
+        return "eval" if evaluation is not None and not evaluation.broken else "training"
+
+    def _evaluate(self) -> None:
+        """Play the evaluation going on (or start one that is due) for one slice; log an
+        evaluation that ended, and mark the run solved when its mean return reached the env's
+        threshold: the weights it played are what the final checkpoint keeps."""
+        evaluation, stats = self.evaluation, self.stats
+        if evaluation is None or evaluation.broken:
+            return
+        record = evaluation.advance(stats.env_steps, stats.wall_s)
+        if record is None:
+            return
+        if "error" in record:
+            message = (
+                f"the evaluation episodes could not play algorithm {self.info.algorithm!r}'s "
+                f"model ({record['error']}); no more are played, and the training returns "
+                "decide whether it is solved"
+            )
+            tb = record["traceback"]
+            self.on_event({"event": "eval-failed", "message": message, "traceback": tb})
+            return
+        stats.add_eval(record)
+        self._emit([record])
+        threshold = self.info.reward_threshold
+        reached = threshold is not None and record["eval_return_mean"] >= threshold
+        if reached and not stats.solved():  # these weights are what the final checkpoint keeps
+            self.check.passed = evaluation.weights()
+            stats.mark_solved(record)
 
     def _solved(self) -> bool:
         """Solved: the mean of the last 100 training episodes reached the threshold, and the
         policy of that moment plays as well (:mod:`mprl.host.policy_check`). A check that falls
         short is logged and training goes on; the next one waits for ``2 * CHECK_EPISODES``
-        more training episodes."""
+        more training episodes. With evaluation episodes (--eval-every), they alone decide
+        (:meth:`_evaluate`)."""
         stats = self.stats
+        if self.solved_on == "eval":
+            return stats.solved()
         if stats.solved() or not stats.reached() or stats.episodes < self._check_after:
             return stats.solved()
         self._check_after = stats.episodes + 2 * CHECK_EPISODES
@@ -278,6 +323,8 @@ class RunMonitor:
         if self.check.passed is not None:  # every child has stopped: nothing writes it now
             self.job.model.load_state_dict(self.check.passed)
         self.check.close()
+        if self.evaluation is not None:  # one still playing is left unfinished, unlogged
+            self.evaluation.close()
         self.checkpoint()
 
     def checkpoint(self) -> Path | None:

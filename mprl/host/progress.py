@@ -34,13 +34,23 @@ def _fmt(x: float, digits: int = 1) -> str:
 IDLE_S = 5.0  # a worker whose count has not moved for this long is shown as idle
 
 
+def eval_text(s: Snapshot) -> str:
+    """The last evaluation (--eval-every): ``487.3 ± 12.1 @ 24,000``; ``-`` before the first."""
+    e = s.last_eval
+    if e is None:
+        return "-"
+    return f"{_fmt(e['eval_return_mean'])} ± {_fmt(e['eval_return_std'])} @ {e['step']:,}"
+
+
 def summary_line(s: Snapshot) -> str:
     budget = f"/{s.total_steps:,}" if s.total_steps else ""
     eta = f"  ETA {s.eta_s:.0f}s" if s.eta_s is not None else ""
     return (
         f"[{s.wall_s:7.1f}s] steps {s.env_steps:,}{budget}  {s.steps_per_s:,.0f} steps/s{eta}  "
         f"episodes {s.episodes:,}  mean return(100) {_fmt(s.mean_return_100)}  "
-        f"best {_fmt(s.best_return)}" + (f"  restarts {s.restarts}" if s.restarts else "")
+        f"best {_fmt(s.best_return)}"
+        + (f"  eval {eval_text(s)}" if s.last_eval is not None else "")
+        + (f"  restarts {s.restarts}" if s.restarts else "")
     )
 
 
@@ -183,16 +193,20 @@ class Progress:
         table.add_column("episodes", justify="right")
         table.add_column("mean return (100)", justify="right")
         table.add_column("best", justify="right")
+        if s.last_eval is not None:
+            table.add_column("eval return", justify="right")
         table.add_column("restarts", justify="right")
         steps = f"{s.env_steps:,}" + (f" / {s.total_steps:,}" if s.total_steps else "")
+        evaluated = [eval_text(s)] if s.last_eval is not None else []
         table.add_row(
-            f"{s.wall_s:.0f}s",
+            f"{s.wall_s:.0f}s" + (f" / {s.max_time:.0f}s" if s.max_time is not None else ""),
             f"{s.eta_s:.0f}s" if s.eta_s is not None else "-",
             steps,
             f"{s.steps_per_s:,.0f}",
             f"{s.episodes:,}",
             _fmt(s.mean_return_100),
             _fmt(s.best_return),
+            *evaluated,
             str(s.restarts),
         )
         if s.last_values:

@@ -25,7 +25,7 @@ from mprl.host.envs import make_env
 from mprl.host.job import Prepared, prepare_job
 from mprl.host.monitor import RunMonitor, describe_write_error, finite
 from mprl.host.plugins import PluginManager, get_plugin_manager
-from mprl.host.policy_check import CHECK_EPISODES, PolicyCheck
+from mprl.host.policy_check import CHECK_EPISODES, Evaluation, PolicyCheck
 from mprl.host.progress import Progress, check_mode, say
 from mprl.host.rundir import RunDir
 from mprl.host.stats import RunStats
@@ -113,10 +113,26 @@ def run(
     drop = resume_drop.split(",") if isinstance(resume_drop, str) else resume_drop
     drop = [name.strip() for name in drop if name.strip()]
     plan = prepare_job(pm, plugin, config, {**options, **run_options}, resume, drop)
+    _check_evaluation(plan)
     backend = pm.backend(plan.job.run.backend)
     notes = backend.prepare(plan.job)
     with contextlib.closing(backend):  # what prepare() opened (a cluster connection)
         return _run_prepared(plan, backend, notes, run_dir, progress, pm)
+
+
+def _check_evaluation(plan: Prepared) -> None:
+    """``--eval-every`` plays the model's ``act(obs_batch, deterministic)``: a model without
+    one is refused before anything starts."""
+    job = plan.job
+    if job.run.eval_every and not callable(getattr(job.model, "act", None)):
+        raise UsageError(
+            f"--eval-every {job.run.eval_every}: algorithm {job.algorithm.name!r} of plugin "
+            f"{plan.plugin!r} has a model ({type(job.model).__name__}) without an "
+            "act(obs_batch, deterministic) method, which evaluation episodes play with; add "
+            "one to the model (returning one action per observation, the mode of the policy "
+            "when deterministic is true; the networks in mprl.lib.nets have one), or leave "
+            "--eval-every out"
+        )
 
 
 def _run_prepared(
@@ -195,7 +211,7 @@ def _monitor(
     signals: _Signals,
 ) -> RunMonitor:
     job = plan.job
-    stats = RunStats(plan.reward_threshold, job.run.total_steps)
+    stats = RunStats(plan.reward_threshold, job.run.total_steps, job.run.max_time)
     stats.workers = job.run.workers
     if plan.resume is not None:
         stats.restore(plan.resume.data["stats"])
@@ -207,8 +223,22 @@ def _monitor(
         return [make_env(pm, run.env, seed=run.seed, index=i) for i in range(CHECK_EPISODES)]
 
     check = PolicyCheck(job.model, make_envs, job.algorithm.name)
+    evaluation = None
+    if job.run.eval_every:
+        run = job.run
+        side_by_side = min(run.eval_episodes, CHECK_EPISODES)
+
+        def make_eval_envs() -> list[Any]:
+            return [make_env(pm, run.env, seed=run.seed, index=i) for i in range(side_by_side)]
+
+        evaluation = Evaluation(
+            job.model, make_eval_envs, job.algorithm.name, every=run.eval_every,
+            episodes=run.eval_episodes, seed=run.seed, env_steps=sum(job.initial_steps),
+        )  # fmt: skip
     job = attrs.evolve(job, run_dir=rundir.path)
-    return RunMonitor(info, job, rundir, pm, display, lambda: signals.received, stats, check)
+    return RunMonitor(
+        info, job, rundir, pm, display, lambda: signals.received, stats, check, evaluation
+    )
 
 
 def _execute(
@@ -294,6 +324,8 @@ def _finish(
         signal=signals.received,
         solved_at=stats.solved_at,
         checkpoint=kept,
+        solved_on=monitor.solved_on,
+        last_eval=stats.last_eval,
     )
     try:
         rundir.write_json("summary.json", summary.to_dict())

@@ -42,21 +42,32 @@ class Snapshot:
     restarts: int = 0
     worker_rates: tuple[float, ...] = ()  # steps/s of each worker rank
     worker_idle_s: tuple[float, ...] = ()  # seconds since each rank's count last moved
+    max_time: float | None = None  # the wall-clock budget (--max-time), seconds
+    #: the last evaluation (--eval-every): its ``step``, ``eval_return_mean``, ... (``None``:
+    #: none yet)
+    last_eval: Mapping[str, Any] | None = None
 
     @property
     def eta_s(self) -> float | None:
-        """Seconds until ``total_steps`` at the current rate; ``None`` without a budget."""
-        if not self.total_steps or self.steps_per_s <= 0:
-            return None
-        return max(0.0, (self.total_steps - self.env_steps) / self.steps_per_s)
+        """Seconds until ``total_steps`` at the current rate, or until ``max_time``, whichever
+        comes first; ``None`` without a budget."""
+        left = []
+        if self.total_steps and self.steps_per_s > 0:
+            left.append((self.total_steps - self.env_steps) / self.steps_per_s)
+        if self.max_time is not None:
+            left.append(self.max_time - self.wall_s)
+        return max(0.0, min(left)) if left else None
 
 
 class RunStats:
     """Episode returns, counters and rates, updated from records in the main process."""
 
-    def __init__(self, threshold: float | None, total_steps: int | None) -> None:
+    def __init__(
+        self, threshold: float | None, total_steps: int | None, max_time: float | None = None
+    ) -> None:
         self.threshold = threshold
         self.total_steps = total_steps
+        self.max_time = max_time
         self.start = time.monotonic()
         self._stopped_at: float | None = None  # stop_clock()
         self.env_steps = 0
@@ -73,6 +84,7 @@ class RunStats:
         self.worker_rates: tuple[float, ...] = ()
         self._worker_mark: tuple[float, tuple[int, ...]] = (self.start, ())
         self._moved: list[float] = []  # when each rank's count last changed
+        self.last_eval: dict[str, Any] | None = None  # the last evaluation's numbers
 
     def state(self) -> dict[str, Any]:
         """What a checkpoint keeps, so a resumed run's counters and "solved" carry on."""
@@ -83,6 +95,7 @@ class RunStats:
             "wall_s": self.wall_s,
             "solved": self.solved(),
             "solved_at": self.solved_at,
+            "last_eval": self.last_eval,
         }
 
     def restore(self, state: Mapping[str, Any]) -> None:
@@ -90,6 +103,7 @@ class RunStats:
         self.returns.extend(float(r) for r in state["returns"])
         self.best_return = float(state["best_return"])
         self.solved_at = state.get("solved_at")
+        self.last_eval = state.get("last_eval")
         if self.solved_at is None and state.get("solved", self.reached()):  # older checkpoints
             self.solved_at = {}
         self.start = time.monotonic() - float(state["wall_s"])
@@ -178,16 +192,31 @@ class RunStats:
         do not undo it."""
         return self.solved_at is not None
 
-    def mark_solved(self) -> None:
+    def mark_solved(self, evaluation: Mapping[str, Any] | None = None) -> None:
         """Latch "solved", and keep when: ``solved_at`` holds the wall seconds, env steps,
         episodes and mean return of the last 100 episodes of this moment (the summary's own
-        numbers also count what finished while the run stopped)."""
+        numbers also count what finished while the run stopped). Solved by ``evaluation`` (the
+        record of an evaluation that reached the threshold), it is the moment of the weights
+        that evaluation played, and ``eval_return_mean`` says what they played."""
+        mean = self.mean_return_100
         self.solved_at = {
             "wall_s": round(self.wall_s, 3),
             "env_steps": self.env_steps,
             "episodes": self.episodes,
-            "mean_return_100": round(self.mean_return_100, 2),
+            "mean_return_100": round(mean, 2) if math.isfinite(mean) else None,
         }
+        if evaluation is not None:
+            self.solved_at.update(
+                wall_s=evaluation["wall"],
+                env_steps=evaluation["step"],
+                eval_return_mean=round(evaluation["eval_return_mean"], 2),
+            )
+
+    def add_eval(self, record: Mapping[str, Any]) -> None:
+        """Keep an evaluation's numbers (its record, :class:`mprl.host.policy_check.Evaluation`)
+        as the last one."""
+        keys = ("step", "wall", "eval_return_mean", "eval_return_std", "eval_length_mean")
+        self.last_eval = {k: record[k] for k in keys} | {"episodes": record["eval_episodes"]}
 
     def snapshot(self) -> Snapshot:
         return Snapshot(
@@ -203,4 +232,6 @@ class RunStats:
             restarts=self.restarts,
             worker_rates=self.worker_rates,
             worker_idle_s=tuple(time.monotonic() - m for m in self._moved),
+            max_time=self.max_time,
+            last_eval=self.last_eval,
         )

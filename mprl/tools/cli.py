@@ -256,10 +256,11 @@ def _final_line(s: Summary) -> str:
     verdict = "solved" if s.solved else s.stop_reason
     if s.solved_at:  # the moment it was solved: episodes kept finishing while the run stopped
         at = s.solved_at
-        verdict = (
-            f"solved after {at['wall_s']:.1f} s, {at['env_steps']:,} env steps: "
-            f"mean return(100) {at['mean_return_100']:.1f}"
-        )
+        if "eval_return_mean" in at:  # solved on evaluation episodes (--eval-every)
+            judged = f"eval return {at['eval_return_mean']:.1f}"
+        else:
+            judged = f"mean return(100) {at['mean_return_100']:.1f}"
+        verdict = f"solved after {at['wall_s']:.1f} s, {at['env_steps']:,} env steps: {judged}"
     return (
         f"mprl: {s.status} ({verdict}) after {s.wall_s:.1f} s: {s.env_steps:,} env steps, "
         f"{s.episodes:,} episodes, mean return(100) {mean}; run directory: {s.run_dir}"

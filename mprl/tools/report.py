@@ -33,8 +33,9 @@ class Run:
     """What a run directory holds, as far as it got.
 
     ``episodes`` holds one ``(step, wall, return)`` per episode record of ``metrics.jsonl``, in
-    file order; ``summary`` is ``None`` while the run is going on or when it was killed before
-    writing it.
+    file order; ``evals`` one ``(step, wall, mean return, std of the returns)`` per evaluation
+    (``--eval-every``: the records of source ``"eval"``), by env step; ``summary`` is ``None``
+    while the run is going on or when it was killed before writing it.
     """
 
     path: Path
@@ -42,6 +43,7 @@ class Run:
     config: dict[str, Any] = field(default_factory=dict)
     summary: dict[str, Any] | None = None
     episodes: list[tuple[int, float, float]] = field(default_factory=list)
+    evals: list[tuple[int, float, float, float]] = field(default_factory=list)
     last_step: int | None = None  # the last "step" of any metrics record
     last_wall: float | None = None  # the last "wall" of any metrics record
 
@@ -143,12 +145,22 @@ def read_run(path: str | Path, label: str | None = None) -> Run:
             continue
         run.last_step, run.last_wall = int(step), float(wall)
         ret = record.get("episode_return")
-        if isinstance(ret, int | float) and not isinstance(ret, bool) and math.isfinite(ret):
+        if _finite(ret):
             count = record.get("episode_count", 1)  # summed-up episodes count as many
             count = count if isinstance(count, int) and count > 0 else 1
             run.episodes.extend([(int(step), float(wall), float(ret))] * count)
+        mean, std = record.get("eval_return_mean"), record.get("eval_return_std", 0.0)
+        if record.get("source") == "eval" and _finite(mean):
+            std = float(std) if _finite(std) else 0.0
+            run.evals.append((int(step), float(wall), float(mean), std))
     run.episodes.sort(key=lambda episode: episode[1])  # stable: ties keep the file's order
+    run.evals.sort(key=lambda evaluation: evaluation[0])
     return run
+
+
+def _finite(value: Any) -> bool:
+    """Whether ``value`` is a finite number (not a bool)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def rolling_mean(values: Sequence[float], window: int) -> list[float]:
@@ -187,7 +199,9 @@ def build_figure(
 ) -> Figure:
     """The learning-curve figure of ``runs``: the mean of the last ``window`` episode returns
     against env steps (left) and wall seconds (right), one line per run, and each env's reward
-    threshold as a dashed horizontal line.
+    threshold as a dashed horizontal line. A run with evaluations (``--eval-every``) also gets
+    its evaluation curve, in the run's colour: the mean return of each evaluation as a point
+    with the returns' standard deviation as error bars, joined by a dotted line.
 
     The figure is not attached to pyplot (nothing global changes); it has an Agg canvas, so
     ``fig.savefig`` works headless.
@@ -206,7 +220,7 @@ def build_figure(
             "directory, in the same order, or none"
         )
     for run in runs:
-        if not run.episodes:
+        if not run.episodes and not run.evals:
             raise UsageError(
                 f"run {str(run.path)!r} has no episodes in metrics.jsonl yet; nothing to plot "
                 "(leave it out or wait until it has finished a few episodes)"
@@ -217,10 +231,20 @@ def build_figure(
     FigureCanvasAgg(fig)
     by_steps, by_wall = fig.subplots(1, 2, sharey=True)
     for run, name in zip(runs, names, strict=True):
-        steps, walls, returns = zip(*run.episodes, strict=True)
-        mean = rolling_mean(returns, window)
-        (line,) = by_steps.plot(steps, mean, label=name, linewidth=1.5)
-        by_wall.plot(walls, mean, color=line.get_color(), linewidth=1.5)
+        color = None
+        if run.episodes:
+            steps, walls, returns = zip(*run.episodes, strict=True)
+            mean = rolling_mean(returns, window)
+            (line,) = by_steps.plot(steps, mean, label=name, linewidth=1.5)
+            color = line.get_color()
+            by_wall.plot(walls, mean, color=color, linewidth=1.5)
+        if run.evals:
+            steps, walls, means, stds = zip(*run.evals, strict=True)
+            style = {"fmt": "o:", "markersize": 3, "capsize": 2, "linewidth": 1}
+            bars = by_steps.errorbar(
+                steps, means, yerr=stds, color=color, label=f"{name} (eval)", **style
+            )
+            by_wall.errorbar(walls, means, yerr=stds, color=bars.lines[0].get_color(), **style)
     thresholds: dict[float, list[str]] = {}
     for run in runs:
         if run.reward_threshold is not None:
@@ -233,7 +257,10 @@ def build_figure(
         by_wall.axhline(value, color="0.3", linestyle="--", linewidth=1)
     by_steps.set_xlabel("env steps")
     by_wall.set_xlabel("wall time (s)")
-    by_steps.set_ylabel(f"mean return of the last {window} episodes")
+    ylabel = f"mean return of the last {window} episodes"
+    if any(run.evals for run in runs):
+        ylabel += "\n(eval: mean ± std of each evaluation)"
+    by_steps.set_ylabel(ylabel)
     for ax in (by_steps, by_wall):
         ax.grid(True, alpha=0.3)
     by_steps.set_title("return vs env steps")
@@ -342,7 +369,8 @@ def list_runs(directory: str | Path = "runs") -> list[dict[str, Any]]:
 
     Each row has ``run_dir`` (``directory`` joined with the run's relative path, as ``plot`` and
     ``run --resume`` take it), ``plugin``, ``env``, ``env_steps``, ``wall_s``, ``best_return``,
-    ``solved`` and ``status``; a value the run never wrote is ``None``. A run without
+    ``last_eval`` (the mean return of its last evaluation, ``--eval-every``), ``solved`` and
+    ``status``; a value the run never wrote is ``None``. A run without
     ``summary.json`` gets its numbers from ``metrics.jsonl`` and the status ``"running (pid N)"``
     while a process holds its lock (``"running?"``: no lock file, metrics written in the last
     minute), else ``"incomplete"``. A damaged ``config.json`` or ``summary.json`` leaves the
@@ -381,6 +409,7 @@ def list_runs(directory: str | Path = "runs") -> list[dict[str, Any]]:
                 "env_steps": s.get("env_steps", run.last_step),
                 "wall_s": s.get("wall_s", run.last_wall),
                 "best_return": best,
+                "last_eval": run.evals[-1][2] if run.evals else None,
                 "solved": s.get("solved"),
                 "status": _status(run, now),
             }
@@ -408,7 +437,7 @@ def _cell(key: str, value: Any) -> str:
         return f"{int(value):,}"
     if key == "wall_s":
         return format_wall(value)
-    if key == "best_return" and isinstance(value, int | float):
+    if key in ("best_return", "last_eval") and isinstance(value, int | float):
         return f"{value:.1f}"
     if key == "solved":
         return "yes" if value else "no"
@@ -422,25 +451,29 @@ _COLUMNS = (
     ("env_steps", "ENV STEPS"),
     ("wall_s", "WALL"),
     ("best_return", "BEST RETURN"),
+    ("last_eval", "LAST EVAL"),  # shown when a run has evaluations (--eval-every)
     ("solved", "SOLVED"),
     ("status", "STATUS"),
 )
-_RIGHT = {"env_steps", "wall_s", "best_return"}
+_RIGHT = {"env_steps", "wall_s", "best_return", "last_eval"}
 
 
 def format_runs(rows: Sequence[dict[str, Any]], directory: str | Path = "runs") -> str:
-    """``rows`` of :func:`list_runs` as an aligned text table (``-`` where a value is missing);
-    ``no runs under DIRECTORY`` when there are none."""
+    """``rows`` of :func:`list_runs` as an aligned text table (``-`` where a value is missing;
+    the ``LAST EVAL`` column only when a run has evaluations); ``no runs under DIRECTORY`` when
+    there are none."""
     if not rows:
         return f"no runs under {directory}"
-    table = [[title for _, title in _COLUMNS]]
-    table += [[_cell(key, row.get(key)) for key, _ in _COLUMNS] for row in rows]
-    widths = [max(len(line[i]) for line in table) for i in range(len(_COLUMNS))]
+    evaluated = any(row.get("last_eval") is not None for row in rows)
+    columns = [c for c in _COLUMNS if evaluated or c[0] != "last_eval"]
+    table = [[title for _, title in columns]]
+    table += [[_cell(key, row.get(key)) for key, _ in columns] for row in rows]
+    widths = [max(len(line[i]) for line in table) for i in range(len(columns))]
     lines = []
     for line in table:
         cells = [
             text.rjust(width) if key in _RIGHT else text.ljust(width)
-            for (key, _), text, width in zip(_COLUMNS, line, widths, strict=True)
+            for (key, _), text, width in zip(columns, line, widths, strict=True)
         ]
         lines.append("  ".join(cells).rstrip())
     return "\n".join(lines)
