@@ -1,0 +1,123 @@
+"""The built-in dqn plugin in serial runs: it learns CartPole a little in a short budget, keeps
+its declared replay ratio (updates per env step), repeats for a seed; its policy, its double-DQN
+target and the spaces it refuses."""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+import mprl_dqn
+from mprl.testing import SerialResult, run_serial
+from mprl_dqn import DQNConfig
+from mprl_dqn.algorithm import _update, epsilon, make_model, replay_ratio
+from tests.conftest import cli_here
+
+#: a small network and SB3's default rhythm (an update every 4 env steps)
+SMALL = {
+    "hidden": [64, 64], "learning_starts": 500, "exploration_steps": 2000, "train_freq": 4,
+    "gradient_steps": 1, "target_update": 100, "buffer_size": 10_000, "batch_size": 32,
+    "lr": 1e-3,
+}  # fmt: skip
+
+
+@contextlib.contextmanager
+def one_torch_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def dqn_serial(**kw) -> SerialResult:
+    with one_torch_thread():
+        return run_serial("dqn", plugins=[mprl_dqn], **kw)
+
+
+def test_dqn_learns_cartpole_a_little_at_its_declared_replay_ratio():
+    result = dqn_serial(total_steps=5000, workers=2, seed=0, config=SMALL)
+    returns = result.episode_returns
+    assert statistics.fmean(returns[-20:]) > 2 * statistics.fmean(returns[:20])
+    state = result.state
+    added, updates = state.replay.added(), state.updates.value
+    assert added == result.summary.env_steps  # a row per env step
+    # 1 update per train_freq (4) env steps after learning_starts: within one update's rows
+    assert abs(updates - (added - 500) / 4) <= 1
+    assert state.replay.sampled() == 32 * updates == state.weights.version * 32
+    logged = [r for r in result.records if "loss" in r]
+    assert logged and all(np.isfinite(r["loss"]) for r in logged)
+
+
+def test_the_ratio_is_the_config_s_and_a_serial_run_repeats():
+    dims = type("D", (), {"config": DQNConfig()})()
+    assert replay_ratio(dims) == 128 * 64 / 256 == 32.0  # rl-zoo's CartPole: 32 rows per row
+    config = {**SMALL, "n_step": 3, "envs_per_worker": 2, "gradient_steps": 2}
+    a, b = (dqn_serial(total_steps=1500, workers=2, seed=3, config=config) for _ in "ab")
+    assert a.episode_returns == b.episode_returns
+    assert a.state.updates.value == b.state.updates.value > 0
+    for name, tensor in a.model.state_dict().items():
+        assert torch.equal(tensor, b.model.state_dict()[name]), name
+    # 2 updates per 4 env steps (n-step rows trail the steps by up to 2 per env)
+    rows = a.state.replay.added()
+    assert a.summary.env_steps - 8 <= rows <= a.summary.env_steps
+    assert abs(a.state.updates.value - (rows - 500) / 2) <= 2
+
+
+def test_the_policy_is_greedy_when_deterministic_and_exploration_falls_linearly():
+    torch.manual_seed(0)
+    spaces = gym.spaces.Box(-1, 1, (4,), np.float32), gym.spaces.Discrete(3)
+    model = make_model(*spaces, DQNConfig(hidden=(16,), exploration_final_eps=0.5))
+    obs = torch.randn(400, 4)
+    greedy = model.act(obs, True)
+    assert isinstance(greedy, np.ndarray) and np.array_equal(greedy, model(obs).argmax(1).numpy())
+    assert 0.2 < (model.act(obs, False) != greedy).mean() < 0.5  # half random, a third the same
+    cfg = DQNConfig()
+    assert epsilon(cfg, 999) == 1.0 and epsilon(cfg, 4000) == pytest.approx(0.52)
+    assert epsilon(cfg, 8000) == epsilon(cfg, 10**7) == 0.04
+
+
+def test_double_dqn_values_the_next_action_the_online_network_picks():
+    spaces = gym.spaces.Box(-1, 1, (1,), np.float32), gym.spaces.Discrete(2)
+
+    class Fixed(torch.nn.Module):
+        def __init__(self, q: list[float]) -> None:
+            super().__init__()
+            self.q = torch.nn.Parameter(torch.tensor(q))
+
+        def forward(self, obs: torch.Tensor) -> torch.Tensor:
+            return self.q.expand(obs.shape[0], 2)
+
+    class Publish:
+        def publishing(self, model):
+            return contextlib.nullcontext()
+
+    batch = {
+        "obs": torch.zeros(1, 1), "action": torch.tensor([0]), "reward": torch.tensor([1.0]),
+        "next_obs": torch.zeros(1, 1), "done": torch.tensor([0.0]),
+        "discount": torch.tensor([0.5]),
+    }  # fmt: skip
+    for double, wanted in ((True, 1.0 + 0.5 * 3.0), (False, 1.0 + 0.5 * 5.0)):
+        # the online network picks action 1 for the next observation, the target action 0
+        online, target = Fixed([0.0, 2.0]), Fixed([5.0, 3.0])
+        optimizer = torch.optim.SGD(online.parameters(), lr=0.1)
+        cfg = DQNConfig(double=double)
+        out = _update(cfg, online, target, optimizer, list(online.parameters()), batch, Publish())
+        # the Huber loss of q(obs, 0) = 0 against the target: |wanted| - 0.5
+        assert float(out["loss"]) == pytest.approx(wanted - 0.5)
+        assert online.q.tolist()[0] == pytest.approx(0.1)  # one step up, clipped gradient 1
+    assert make_model(*spaces, DQNConfig()).q[-1].out_features == 2
+
+
+def test_continuous_actions_and_images_are_refused(capsys):
+    code, err = cli_here(capsys, "run", "--plugin", "dqn", "--env", "Pendulum-v1")
+    assert code == 2
+    assert "'dqn' does not support the action space of 'Pendulum-v1' (Box)" in err
+    code, err = cli_here(capsys, "run", "--plugin", "dqn", "--set", "n_step=0")
+    assert code == 2 and "field 'n_step'" in err
