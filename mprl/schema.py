@@ -873,7 +873,16 @@ class Module(Field):
     learner's target network, a running normaliser. ``make(observation_space, action_space,
     config)`` builds it; by default it is a copy of the run's model (the algorithm's
     ``make_model``, starting from the model's weights). Update it in place
-    (``target.load_state_dict(model.state_dict())``)."""
+    (``target.load_state_dict(model.state_dict())``).
+
+    It lives on the CPU, whatever ``--device``: in shared memory on the local backend (one
+    module every process reads and writes), in the one process on the serial backend, and on
+    Ray in the train process (the driver's copy follows it for checkpoints; a worker's copy is
+    its own, made at the start, and does not). On a GPU the train process's ``ctx.model`` and
+    optimizers are copies there, but not its modules: keep a copy on ``ctx.device``
+    (``copy.deepcopy(ctx.state.target).to(ctx.device)``), and load it back into the field
+    (``ctx.state.target.load_state_dict(mine.state_dict())``) when it changes, so checkpoints
+    hold it (the built-in ``sac`` does)."""
 
     kind: ClassVar[str] = "Module"
     make: Callable[..., torch.nn.Module] | None = None

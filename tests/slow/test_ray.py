@@ -384,6 +384,7 @@ def test_without_ray_installed_the_backend_says_what_to_install(tmp_path):
 
 def test_with_no_address_the_run_starts_ray_for_itself_and_stops_it(tmp_path, monkeypatch):
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)  # Ray's own default: it says so
     run_dir = tmp_path / "run"
     sessions = Path(os.environ["RAY_TMPDIR"]) / "ray"
     before = set(sessions.glob("session_2*"))
@@ -391,6 +392,8 @@ def test_with_no_address_the_run_starts_ray_for_itself_and_stops_it(tmp_path, mo
                "--total-steps", "3000", "--run-dir", str(run_dir), timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert set(sessions.glob("session_2*")) == before  # its Ray's logs went with it
+    # Ray's note on turning token authentication on, news about a cluster nobody else sees
+    assert "Token authentication is enabled" not in done.stderr, done.stderr
     # its Ray (gcs_server, raylet, workers) was started by the run: the leftover check finds
     # any of them by the test's mark in their environment
 

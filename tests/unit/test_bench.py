@@ -4,6 +4,8 @@ state; the mprl_state fixture's arguments; SharedState.bound and trainer_slot.""
 from __future__ import annotations
 
 import pickle
+import sys
+import types
 from pathlib import Path
 
 import attrs
@@ -18,6 +20,7 @@ from mprl.errors import ConfigError, SchemaError
 from mprl.testing import Bench
 from tests.conftest import REPO
 from tests.plugins import mprl_dqn
+from tests.unit.test_first_plugin_guide import code_blocks
 
 DQN = testing.registered(mprl_dqn)["dqn"]
 SMALL = {"buffer_size": 1000, "learning_starts": 200, "batch_size": 16}
@@ -202,6 +205,20 @@ def test_bound_takes_a_rank_or_the_trainer_slot():
     assert copy.trainer_slot == 3 and sorted(vars(copy)) == ["n", "updates"]
     with pytest.raises(SchemaError, match="'trainer_slot': the name of a SharedState member"):
         schema.Schema(trainer_slot=schema.Counter())
+
+
+def test_the_whole_plugin_and_its_bench_test_on_the_plugins_page_work(
+    mprl_pm, mprl_bench, monkeypatch
+):
+    blocks = [b.code for b in code_blocks((REPO / "docs" / "plugins.md").read_text())]
+    (plugin,) = [b for b in blocks if b.startswith("# my_algo.py")]
+    (test,) = [b for b in blocks if "mprl_bench(" in b]
+    my_algo = types.ModuleType("my_algo")
+    monkeypatch.setitem(sys.modules, "my_algo", my_algo)
+    exec(compile(plugin, "my_algo.py", "exec"), my_algo.__dict__)
+    page: dict[str, object] = {"my_algo": my_algo}
+    exec(compile(test, "plugins.md", "exec"), page)
+    page["test_my_worker_counts_its_episodes"](mprl_pm, mprl_bench)
 
 
 def test_the_bench_and_its_fixture_are_documented():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import re
 
 import attrs
 import pytest
@@ -52,3 +53,27 @@ def test_the_hand_written_program_on_the_seed_page_is_python():
 def test_the_seed_plugin_is_under_100_lines():
     lines = (REPO / "examples" / "mprl-seed" / "mprl_seed.py").read_text().splitlines()
     assert len([line for line in lines if line.strip()]) < 100
+
+
+PAGES = ("reference.md", "plugins.md", "running.md", "first-plugin.md", "backends.md")
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_file_of_the_repository_a_page_cites_exists(page):
+    text = (REPO / "docs" / page).read_text()
+    cited = set(re.findall(r"`((?:plugins|examples|tests|benchmarks)/[\w./-]+?)`", text))
+    missing = sorted(p for p in cited if not (REPO / p).exists())
+    assert not missing, f"docs/{page} cites files that do not exist: {missing}"
+
+
+def test_the_reference_answers_what_plugin_authors_asked():
+    # the off-policy example is a built-in plugin, not the test suite's
+    assert "`plugins/mprl_dqn`" in REFERENCE and "tests/plugins/mprl_dqn" not in REFERENCE
+    # a Module stays on the CPU under --device; classes on a Queue are unpickled by the server
+    assert "a `schema.Module` (a target network) too" in REFERENCE
+    assert "Your own classes on a `Queue`" in REFERENCE
+    # log_episode: numbers only, in the docstring and the Context table
+    assert "numbers only" in REFERENCE and "Numbers only" in (mprl.Context.log_episode.__doc__)
+    # a queue's maxsize is a size like the others
+    assert "a `Queue`'s\n`maxsize` are a `Size`" in REFERENCE
+    assert "`Size`" in (mprl.schema.Queue.__doc__ or "")

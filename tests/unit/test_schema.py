@@ -99,3 +99,35 @@ def test_a_misspelt_field_names_the_declared_ones():
         AttributeError, match=r"no field 'step'; the algorithm's schema declares: lock, steps"
     ):
         state.step  # noqa: B018
+
+
+@pytest.mark.parametrize(
+    ("maxsize", "config", "expected"),
+    [
+        (0, None, 0),
+        (3, None, 3),
+        ("config.queue_size", {"queue_size": 8}, 8),
+        ("config.queue_size", {"queue_size": 0}, 0),  # unbounded, from the config
+        ("workers", None, 3),
+        ("all", None, 4),
+        (lambda dims: 2 * dims.workers, None, 6),
+    ],
+)
+def test_a_queue_maxsize_is_a_size_read_like_the_others(maxsize, config, expected):
+    state = build_state(s.Schema(q=s.Queue(maxsize)), 3, config=config)
+    assert state.q.maxsize == expected
+
+
+@pytest.mark.parametrize(
+    ("maxsize", "config", "message"),
+    [
+        ("queue_size", None, r"maxsize 'queue_size' must be an int >= 0 \(0: unbounded\), "),
+        (1.5, None, r"maxsize 1.5 must be an int >= 0"),
+        (True, None, r"maxsize True must be an int >= 0"),
+        ("config.queue_size", {"queue_size": -1}, r"size 'config.queue_size' is -1; .* >= 0"),
+        ("config.queue_size", {"size": 1}, r"size '.*': the config has no field 'queue_size'"),
+    ],
+)
+def test_a_bad_queue_maxsize_names_the_field(maxsize, config, message):
+    with pytest.raises(SchemaError, match=rf"'q' \(Queue\): {message}"):
+        build_state(s.Schema(q=s.Queue(maxsize)), 2, config=config)
