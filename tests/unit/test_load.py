@@ -137,6 +137,21 @@ def test_foreign_truncated_or_mismatched_files_are_errors_naming_the_file(sac_ru
     assert str(tmp_path / "other-config.pt") in str(err.value)
 
 
+def test_a_format_1_checkpoint_of_mprl_0_1_0_loads(sac_run, tmp_path):
+    run_dir, result = sac_run
+    data = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
+    data.update(version=1, mprl_version="0.1.0")
+    del data["optimizers"], data["plugin_distribution"]  # 0.1.0 had neither
+    data["extra_state"] = {"weights": data["shared_state"].pop("weights")}  # kept apart then
+    torch.save(data, tmp_path / "old.pt")
+    loaded = mprl.load(tmp_path / "old.pt", plugins=plugin_manager(mprl_sac))
+    assert (loaded.format_version, loaded.mprl_version) == (1, "0.1.0")
+    assert loaded.optimizer_states == {}  # the named optimizers start fresh
+    assert loaded.shared_state["weights"] == {"version": result.state.weights.version}
+    trained = result.model.state_dict()
+    assert all(torch.equal(v, trained[k]) for k, v in loaded.model.state_dict().items())
+
+
 def test_a_model_without_act_loads_and_says_so_when_asked_to_act(tmp_path):
     pm = plugin_manager(mprl_testplugin)
     run_serial("probe", plugins=pm, run_dir=tmp_path / "probe", total_steps=20)
