@@ -149,7 +149,7 @@ def test_the_fixtures_the_guide_names_exist(request: pytest.FixtureRequest) -> N
     # any other mprl_* word is a hook, a module, or a fixture too
     modules = {p.stem for p in (REPO / "plugins").iterdir()} | {"mprl_reinforce"}
     named |= set(re.findall(r"\bmprl_\w+", TEXT)) - HOOKS - modules
-    assert named == {"mprl_pm", "mprl_recorder", "mprl_serial", "mprl_state"}
+    assert named == {"mprl_pm", "mprl_recorder", "mprl_serial", "mprl_state", "mprl_bench"}
     for name in sorted(named):
         assert callable(getattr(testing, name)), f"mprl.testing has no fixture {name}"
         request.getfixturevalue(name)  # what `pytest_plugins = ["mprl.testing"]` offers
@@ -163,6 +163,7 @@ def test_the_functions_the_guide_names_exist() -> None:
         "call_hook",
         "build_state",
         "run_serial",
+        "Bench",
     }
     for name, span in functions.items():
         params = inspect.signature(getattr(testing, name)).parameters
