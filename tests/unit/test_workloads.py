@@ -13,11 +13,12 @@ import numpy as np
 import pytest
 import torch
 
+from mprl.backends.child import DeviceLearner
+from mprl.device import Staging
 from mprl.errors import ConfigError
 from mprl.host.envs import make_atari, workload
 from mprl.host.job import resolve
 from mprl.host.plugins import get_plugin_manager
-from mprl.learner import DeviceLearner, Staging
 from mprl.lib.envbatch import EnvBatch, rollout_spec
 from mprl.lib.nets import ActorCritic, ActorCriticConfig, ObsNorm, make_model, make_optimizer
 from mprl.testing import run_serial
