@@ -324,7 +324,7 @@ def _finish(
         signal=signals.received,
         solved_at=stats.solved_at,
         checkpoint=kept,
-        solved_on=monitor.solved_on,
+        solved_on=_solved_on(stats.solved_at, monitor.solved_on),
         last_eval=stats.last_eval,
     )
     try:
@@ -370,6 +370,14 @@ def _finish(
         after += f"; {unwritten}" if unwritten else ""
         raise RunFailed(f"{monitor.fault}: {after}; run directory: {rundir.path}", summary)
     return summary
+
+
+def _solved_on(solved_at: Mapping[str, Any] | None, rule: str) -> str:
+    """What "solved" was judged on: for a solved run, what solved it (an earlier session's rule
+    may have been the other one), else the rule of this session."""
+    if not solved_at:
+        return rule
+    return "eval" if "eval_return_mean" in solved_at else "training"
 
 
 def _checkpoint_line(

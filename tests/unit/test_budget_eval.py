@@ -356,3 +356,11 @@ def test_runs_shows_the_last_evaluation(tmp_path):
     assert "BEST RETURN  LAST EVAL  SOLVED" in table[0]
     assert "9.5" in next(x for x in table if "/a " in x)
     assert "LAST EVAL" not in format_runs([rows["b"]])  # no run with evaluations: no column
+
+
+def test_solved_on_says_what_solved_the_run_across_sessions():
+    from mprl.host.runner import _solved_on
+
+    assert _solved_on(None, "eval") == "eval"  # not solved: the rule of this session
+    assert _solved_on({"env_steps": 5, "mean_return_100": 480.0}, "eval") == "training"
+    assert _solved_on({"env_steps": 5, "eval_return_mean": 500.0}, "training") == "eval"
