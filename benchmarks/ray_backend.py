@@ -19,6 +19,12 @@ Reported per run, from the run directory and ``/proc``:
 
 Ratios are ray / local within each seed; the table gives their median and range.
 
+``--plugin dqn --total-steps 20000 --sps-from 3000 --no-sb3``: the off-policy case (issue 28,
+item 2). Each run takes the env-step budget instead of solving; ``collect_sps`` is measured from
+the first episode past ``--sps-from`` steps (after ``learning_starts``, where the declared replay
+ratio paces the workers), and ``replay_ratio`` is what the run kept: the rows its replay buffer
+sampled per row added after ``learning_starts``, read from its final checkpoint.
+
 Usage: ``python benchmarks/ray_backend.py --seeds 3 [--address HOST:PORT]``
 """
 
@@ -69,10 +75,34 @@ def _children_of_run(driver: int) -> list[int]:
     return out
 
 
-def run_mprl(system: str, seed: int, workers: int, cap_s: float, address: str) -> dict[str, Any]:
+def replay_ratio(run_dir: Path) -> float | None:
+    """Rows sampled per row added after ``learning_starts``, as the final checkpoint counts
+    them (``None`` without a replay buffer that counts them)."""
+    import torch
+
+    saved = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
+    starts = json.loads((run_dir / "config.json").read_text())["config"].get("learning_starts", 0)
+    for field in saved.get("shared_state", {}).values():
+        if isinstance(field, dict) and "sampled" in field and "added" in field:
+            return round(int(field["sampled"]) / max(1, int(field["added"]) - starts), 2)
+    return None
+
+
+def run_mprl(
+    system: str,
+    seed: int,
+    workers: int,
+    cap_s: float,
+    address: str,
+    plugin: str = PLUGIN,
+    total_steps: int = 0,
+    sps_from: int = 0,
+) -> dict[str, Any]:
     run_dir = Path(tempfile.mkdtemp(prefix="raybench-")) / "run"
-    cmd = [sys.executable, "-m", "mprl", "run", "--plugin", PLUGIN, "--workers", str(workers)]
+    cmd = [sys.executable, "-m", "mprl", "run", "--plugin", plugin, "--workers", str(workers)]
     cmd += ["--seed", str(seed), "--run-dir", str(run_dir), "--quiet"]
+    if total_steps:
+        cmd += ["--total-steps", str(total_steps)]
     if system == "ray":
         cmd += ["--backend", "ray"]
     elif system == "cluster":
@@ -95,7 +125,7 @@ def run_mprl(system: str, seed: int, workers: int, cap_s: float, address: str) -
     total_s = time.monotonic() - t0
     summary = json.loads((run_dir / "summary.json").read_text())
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    episodes = [r for r in records if "episode_return" in r]
+    episodes = [r for r in records if "episode_return" in r and r["step"] >= sps_from]
     first_wall = episodes[0]["wall"] if episodes else summary["wall_s"]
     span = max(1e-9, summary["wall_s"] - first_wall)
     first_step = episodes[0]["step"] if episodes else 0
@@ -110,6 +140,7 @@ def run_mprl(system: str, seed: int, workers: int, cap_s: float, address: str) -
         "collect_sps": round((summary["env_steps"] - first_step) / span),
         "driver_mb": round(driver_mb),
         "child_mb": round(child_mb),
+        "replay_ratio": replay_ratio(run_dir),
         "returncode": proc.returncode,
         "error": err[-500:] if proc.returncode else "",
     }
@@ -122,13 +153,19 @@ def main() -> int:
     parser.add_argument("--cap-s", type=float, default=150.0)
     parser.add_argument("--address", default="", help="also run on this Ray cluster")
     parser.add_argument("--no-sb3", action="store_true")
+    parser.add_argument("--plugin", default=PLUGIN)
+    parser.add_argument("--total-steps", type=int, default=0, help="a budget (0: until solved)")
+    parser.add_argument(
+        "--sps-from", type=int, default=0, help="env steps/s counted from this step on"
+    )
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/ray_backend.json"))
     args = parser.parse_args()
     systems = ["local", "ray"] + (["cluster"] if args.address else [])
     rows: list[dict[str, Any]] = []
     for seed in range(args.seeds):
         for system in systems:
-            rows.append(run_mprl(system, seed, args.workers, args.cap_s, args.address))
+            budget = (args.plugin, args.total_steps, args.sps_from)
+            rows.append(run_mprl(system, seed, args.workers, args.cap_s, args.address, *budget))
             print(json.dumps(rows[-1]), flush=True)
         if not args.no_sb3:
             sb3 = run_sb3("CartPole-v1", seed, args.cap_s, None)
@@ -139,7 +176,7 @@ def main() -> int:
     args.out.write_text(json.dumps(rows, indent=1))
     by = {s: [r for r in rows if r["system"] == s] for s in [*systems, "sb3_ppo"]}
     print(f"\n{'system':<8} {'solve s':>20} {'first step s':>20} {'collect sps':>22} "
-          f"{'driver MB':>10} {'child MB':>9}")  # fmt: skip
+          f"{'driver MB':>10} {'child MB':>9} {'replay ratio':>20}")  # fmt: skip
     for system, runs in by.items():
         if not runs:
             continue
@@ -148,7 +185,8 @@ def main() -> int:
             f"{median_range([r.get('first_step_s') for r in runs]):>20} "
             f"{median_range([r.get('collect_sps') for r in runs]):>22} "
             f"{median_range([r.get('driver_mb') for r in runs]):>10} "
-            f"{median_range([r.get('child_mb') for r in runs]):>9}"
+            f"{median_range([r.get('child_mb') for r in runs]):>9} "
+            f"{median_range([r.get('replay_ratio') for r in runs]):>20}"
         )
     print("\nray / local, per seed (median, range):")
     for key in ("collect_sps", "solve_s", "first_step_s"):

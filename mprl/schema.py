@@ -776,13 +776,14 @@ class ReplayBuffer(Field):
     checkpoints (a resumed run starts with it empty).
 
     ``replay_ratio`` declares the training intensity, enforced on every backend: rows sampled
-    per row added (RLlib's ``training_intensity``; SB3's ``gradient_steps * batch_size /
-    train_freq``), counted from ``learning_starts`` rows on. The learner's ``sample(n)`` then
-    waits (stop-aware) until the rows added allow ``n`` more, and returns ``None`` once the run
-    stops; a worker's ``add`` waits once the workers are ``max_lead`` rows ahead of the learner
-    (until they are half that; ``max_lead=None``: workers never wait, the ratio bounds the
-    learner alone). Each may be a number, ``"config.NAME"`` or a function of :class:`Dims`.
-    The counts are checkpointed with the rows. See :class:`ReplayPace`."""
+    per row added (RLlib's ``training_intensity``; SB3's
+    ``gradient_steps * batch_size / train_freq``), counted from ``learning_starts`` rows on.
+    The learner's ``sample(n)`` then waits (stop-aware) until the rows added allow ``n`` more,
+    and returns ``None`` once the run stops; a worker's ``add`` waits once the workers are
+    ``max_lead`` rows ahead of the learner (until they are half that; ``max_lead=None``:
+    workers never wait, the ratio bounds the learner alone). Each may be a number,
+    ``"config.NAME"`` or a function of :class:`Dims`. The counts are checkpointed with the
+    rows. See :class:`ReplayPace`."""
 
     kind: ClassVar[str] = "ReplayBuffer"
     capacity: Size

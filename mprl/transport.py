@@ -95,23 +95,40 @@ class ReplayStore(Protocol):
     evenly between the workers: each writes its own ring of ``capacity // workers`` rows, oldest
     rows overwritten first. A worker's rows become visible in the order it added them, each one
     whole; :meth:`sample` never returns a row that is being written.
+
+    With a declared replay ratio (``ReplayBuffer(replay_ratio=...)``, see
+    :class:`mprl.schema.ReplayPace`) the backend keeps it: :meth:`sample` waits until the rows
+    added allow its rows, and :meth:`add` waits while the workers are ``max_lead`` rows ahead
+    of the learner. Every wait here is stop-aware (it ends once the run stops and keeps the
+    heartbeat going), sleeps (the serial backend: hands the turn on) and, on Ray, waits in the
+    learner's process, where the buffer lives, not in a call per look.
     """
 
     capacity: int
 
     def add(self, **rows: torch.Tensor) -> None:
-        """Worker: append rows, one tensor per declared field with the rows along dim 0."""
+        """Worker: append rows, one tensor per declared field with the rows along dim 0. At a
+        declared replay ratio, it first waits while the workers are ``max_lead`` rows ahead of
+        the learner (until they are half that, or the run stops: the rows go in then too)."""
         ...
 
     def size(self) -> int:
         """How many complete rows the buffer holds now (all workers together)."""
         ...
 
+    def wait_size(self, n: int, timeout: float | None = None) -> int | None:
+        """Wait until the buffer holds at least ``n`` complete rows; the size then. ``None``
+        once the run stops, or after ``timeout`` seconds."""
+        ...
+
     def sample(
         self, n: int, generator: torch.Generator | None = None
     ) -> dict[str, torch.Tensor] | None:
         """``n`` rows drawn uniformly with replacement from the complete ones (copies), one tensor
-        per field; ``None`` while the buffer is empty."""
+        per field; ``None`` while the buffer is empty. At a declared replay ratio it first waits
+        until the rows added allow ``n`` more to be sampled (``learning_starts`` rows first),
+        and returns ``None`` once the run stops: ``while (batch := replay.sample(64)) is not
+        None:`` is a whole learner loop."""
         ...
 
 

@@ -44,9 +44,8 @@ class DQNConfig:
     lr: float = attrs.field(
         default=2.3e-3, validator=v.gt(0.0), metadata=field_help("Adam learning rate")
     )
-    buffer_size: int = attrs.field(
+    buffer_size: int = attrs.field(  # (its size is checked by the schema, naming the field)
         default=100_000,
-        validator=v.ge(1),
         metadata=field_help("replay capacity in transitions (allocated whole, checkpointed)"),
     )
     learning_starts: int = attrs.field(
@@ -107,6 +106,14 @@ class DQNConfig:
     )
     envs_per_worker: int = attrs.field(
         default=1, validator=v.ge(1), metadata=field_help("environments each worker steps")
+    )
+    pull_every: int = attrs.field(
+        default=8,
+        validator=v.ge(1),
+        metadata=field_help(
+            "worker steps between looks for newer weights (the learner publishes after every "
+            "update: copying each costs the learner's CPU)"
+        ),
     )
     hidden: tuple[int, ...] = attrs.field(
         default=(256, 256),
@@ -194,9 +201,12 @@ def worker(ctx: mprl.Context) -> None:
     collector = ReplayCollector(
         ctx, ctx.state.replay, cfg.envs_per_worker, cfg.gamma, n_step=cfg.n_step, discount=True
     )
+    steps = 0
     try:
         while not ctx.should_stop():
-            version = weights.pull(local, version)
+            if steps % cfg.pull_every == 0:
+                version = weights.pull(local, version)
+            steps += 1
             with torch.no_grad():
                 q = local(collector.obs)
             collector.step(epsilon_greedy(q, epsilon(cfg, ctx.env_steps), generator))

@@ -282,3 +282,24 @@ def test_every_process_waiting_until_is_a_deadlock(mprl_pm, mprl_serial, monkeyp
     tb = info.value.summary.failures[0].traceback
     assert "RuntimeError: deadlock" in tb and "ctx.wait_until(lambda: False)" in tb
     assert threading.active_count() == 1
+
+
+def test_a_learner_s_weights_are_packed_when_asked_for_not_at_every_update():
+    from mprl.backends.ray.transport import Hub
+
+    hub, model = Hub(), torch.nn.Linear(3, 2)
+    for version in (1, 2, 3):  # three updates: nothing packed yet
+        with hub.publishing:
+            torch.nn.init.constant_(model.weight, float(version))
+            hub.publish_live("weights1", version, model)
+    assert hub.weights["weights1"] == (3, []) and hub.info()["weights"] == {"weights1": 3}
+    assert hub.latest("weights1", 3) is None  # the worker has it: nothing packed
+    version, (is_ref, arrays) = hub.latest("weights1", 1)
+    assert version == 3 and not is_ref and arrays[0].tolist() == [[3.0] * 3] * 2  # inline
+    assert hub.weights["weights1"][1]  # packed once for this version, kept for the others
+    torch.nn.init.constant_(model.weight, 9.0)  # (not published: never seen)
+    assert hub.latest("weights1", 2)[1][1][0].tolist() == [[3.0] * 3] * 2
+    # a rollout commit's answer carries the newest weights, packed
+    hub.publish_live("weights1", 4, model)
+    _, newer = hub.put("rollouts1", 0, [False, {}], {"weights1": 3})
+    assert newer["weights1"][0] == 4 and newer["weights1"][1][1][0].tolist() == [[9.0] * 3] * 2

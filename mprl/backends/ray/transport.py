@@ -63,6 +63,11 @@ class Hub:
         self.weights: dict[str, tuple[int, list[Any]]] = {}
         self.counters: dict[str, int] = {}
         self.replays: dict[str, TensorReplay] = {}
+        #: per weights field published by the learner this hub lives with: its model, packed
+        #: only when a version of it is asked for (:meth:`_payload`), under :attr:`publishing`
+        self.live: dict[str, torch.nn.Module] = {}
+        #: held by the learner while it updates a live model (``RayWeights.publishing``)
+        self.publishing = threading.Lock()
         self._changed = threading.Condition()
 
     def _until(self, ready: Callable[[], Any], timeout: float) -> Any:
@@ -83,7 +88,8 @@ class Hub:
             counts[rank] = counts.get(rank, 0) + 1
             self._changed.notify_all()
             newer = {f: w for f, w in self.weights.items() if w[0] > have.get(f, -1)}
-            return counts[rank], newer
+        newer = {f: self._payload(f) if not w[1] else w for f, w in newer.items()}
+        return counts[rank], newer
 
     def room(self, field: str, rank: int, limit: int, timeout: float) -> bool | None:
         counts = self.queued.setdefault(field, {})
@@ -119,7 +125,34 @@ class Hub:
         with self._changed:
             if version >= self.weights.get(field, (-1, []))[0]:
                 self.weights[field] = (version, payload)
+                self.live.pop(field, None)
             self._changed.notify_all()
+
+    def publish_live(self, field: str, version: int, model: torch.nn.Module) -> None:
+        """The learner in this process published ``version`` of ``model``: packed when a
+        process asks for it, not now (a learner updating hundreds of times a second would put
+        every version in the object store, and most are never read)."""
+        with self._changed:
+            self.weights[field] = (version, [])
+            self.live[field] = model
+            self._changed.notify_all()
+
+    def _payload(self, field: str) -> tuple[int, list[Any]]:
+        """The newest ``(version, payload)`` of ``field``, packing a live model's now (once
+        per version): its tensors copied while the learner is not updating them."""
+        with self._changed:
+            version, payload = self.weights.get(field, (0, []))
+            model = self.live.get(field)
+        if payload or model is None:
+            return version, payload
+        with self.publishing:
+            version = self.weights[field][0]
+            arrays = [t.detach().cpu().numpy().copy() for t in _floating(model)]
+        packed = _pack(arrays, sum(a.nbytes for a in arrays))
+        with self._changed:
+            if self.weights[field][0] == version:
+                self.weights[field] = (version, packed)
+        return version, packed
 
     def set_version(self, field: str, version: int) -> None:
         with self._changed:
@@ -130,7 +163,9 @@ class Hub:
         return self.weights.get(field, (0, []))[0]
 
     def latest(self, field: str, have: int) -> tuple[int, list[Any]] | None:
-        version, payload = self.weights.get(field, (0, []))
+        if self.weights.get(field, (0, []))[0] == have:
+            return None
+        version, payload = self._payload(field)
         return (version, payload) if version != have and payload else None
 
     def wait_newer(self, field: str, newer_than: int, timeout: float) -> int | None:
@@ -486,6 +521,14 @@ class RayWeights(_Bound):
 
     @contextmanager
     def publishing(self, model: torch.nn.Module) -> Iterator[None]:
+        hosted = _HOSTED.get(self._hub_id)
+        if hosted is not None:  # the learner with its hub: a version is packed when asked for
+            with hosted.publishing:
+                yield
+                version = self.version + 1
+                hosted.publish_live(self.field, version, model)
+            self._version = version
+            return
         yield
         version = self.version + 1
         arrays = [t.detach().cpu().numpy() for t in _floating(model)]
@@ -509,8 +552,11 @@ class RayWeights(_Bound):
         hint = _HINTS.pop(self.field, None)
         if hint is not None and hint[1] and hint[0] >= _SEEN.get(self.field, -1):
             found: tuple[int, list[Any]] | None = hint
-        elif _INFO["weights"].get(self.field, -2) == have and _HOSTED.get(self._hub_id) is None:
-            found = None  # nothing newer as of the last refresh: no call
+        elif (
+            max(_INFO["weights"].get(self.field, have + 1), _SEEN.get(self.field, -1)) <= have
+            and _HOSTED.get(self._hub_id) is None
+        ):
+            found = None  # nothing newer as of the last refresh (or wait): no call
         else:
             found = _get(self._call("latest", self.field, have))
         if found is None or found[0] == have:
