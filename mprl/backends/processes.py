@@ -32,7 +32,7 @@ PARENT_DIED_EXIT = 70  # a child's exit code when it left because the main proce
 #: seconds the Manager server may stay stopped (SIGSTOP, a debugger) before it is killed: every
 #: read of shared state waits on it, the main process's too, with no timeout of its own
 MANAGER_STOPPED_S = 5.0
-_BLOCKED = {signal.SIGINT, signal.SIGTERM}  # while a child starts
+_BLOCKED = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}  # while a child starts
 
 
 def set_process_name(name: str) -> None:
@@ -61,10 +61,11 @@ def remove_leftovers(leftovers: Sequence[str]) -> None:
 def init_child(name: str, ignore_sigterm: bool = False, leftovers: Sequence[str] = ()) -> None:
     """First thing in every child process, the Manager server included.
 
-    Ctrl-C reaches the whole process group, but only the main process decides what it means.
-    SIGINT and SIGTERM arrive blocked (:func:`child_environment`); they are unblocked once
-    SIGINT is ignored (and SIGTERM, for the Manager server), so a signal to the group while a
-    child is still starting does not kill it halfway. If the main process dies without stopping
+    Ctrl-C (and a closed terminal's SIGHUP) reaches the whole process group, but only the main
+    process decides what it means. SIGINT, SIGTERM and SIGHUP arrive blocked
+    (:func:`child_environment`); they are unblocked once SIGINT and SIGHUP are ignored (and
+    SIGTERM, for the Manager server), so a signal to the group while a child is still starting
+    does not kill it halfway. If the main process dies without stopping
     us (SIGKILL, OOM), exit: nothing else would.
     """
     set_process_name(name)
@@ -73,6 +74,7 @@ def init_child(name: str, ignore_sigterm: bool = False, leftovers: Sequence[str]
     with contextlib.suppress(OSError):
         os.setpgid(0, 0)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     if ignore_sigterm:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _BLOCKED)

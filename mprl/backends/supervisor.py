@@ -28,7 +28,7 @@ from mprl.schema import SharedState
 
 #: exit codes of a child that a signal to the whole process group ended (not a crash when the
 #: main process got the signal too)
-STOP_SIGNAL_CODES = (-signal.SIGTERM, -signal.SIGINT)
+STOP_SIGNAL_CODES = (-signal.SIGTERM, -signal.SIGINT, -signal.SIGHUP)
 #: what :meth:`Supervisor.exit_of` returns for a child that is still running
 RUNNING: Any = object()
 
