@@ -437,3 +437,30 @@ def test_a_flag_and_a_config_value_reach_every_actor_and_come_back(cluster, tmp_
     assert tagged["worker:1"]["step_sleep"] == 0.0015
     nodes = {r["node_id"] for r in records if r.get("event") == "placed" and r["rank"] >= 0}
     assert len(nodes) == 2  # the workers ran on two nodes
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGHUP], ids=["sigint", "sighup"])
+def test_the_terminals_signals_to_the_whole_group_of_an_embedded_ray_run_stop_it_cleanly(
+    cluster, tmp_path, monkeypatch, sig
+):
+    """Ctrl-C, or a closed terminal, reaches the driver and the Ray it started (one process
+    group): Ray's processes keep them blocked, so the driver stops the run cleanly."""
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mprl", "run", "--plugin", "impala", "--backend", "ray",
+         "--workers", "1", "--total-steps", "10000000", "--run-dir", str(run_dir), "--quiet"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        wait_for_metrics(run_dir, lambda r: "episode_return" in r, timeout=180)
+        os.killpg(proc.pid, sig)
+        _, stderr = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode == 128 + sig, stderr
+    assert "Traceback" not in stderr and "Failed to connect to GCS" not in stderr, stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["env_steps"] > 0

@@ -97,8 +97,12 @@ class RayBackend(base.Backend):
             )
             if not address:  # every actor on this machine, and Ray's own processes
                 notes = check_memory(len(job.roles()) + RAY_PROCESSES, None, _state_bytes(job))
-            self.session = cluster.connect(address, _cpus_needed(job))
             self.connected = True
+            try:  # a Ctrl-C while Ray starts comes once it has started: it is stopped again
+                self.session = cluster.connect(address, _cpus_needed(job))
+            except BaseException:
+                self.close()
+                raise
         if reason := cluster.too_big(_resources_needed(job)):
             self.close()
             raise UsageError(reason)

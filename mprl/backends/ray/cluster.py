@@ -9,6 +9,7 @@ import logging
 import math
 import os
 import shutil
+import signal
 import socket
 import threading
 from collections.abc import Iterator, Mapping
@@ -105,7 +106,11 @@ def connect(address: str, cpus_needed: float) -> Path | None:
         check_address(address)  # ray.init would retry one with no Ray there for minutes
         _in_time(lambda: ray.init(address=address, **quiet), address)
         return None
-    with _without_auth_note():
+    # Ray's processes (GCS, raylet, the actors they start) inherit a mask with the terminal's
+    # signals blocked: Ctrl-C and a closed terminal reach the whole process group, but they are
+    # the driver's to act on (a clean stop), as they are for the local backend's children
+    terminal = {signal.SIGINT, signal.SIGHUP}
+    with _without_auth_note(), _blocked(terminal):
         ray.init(
             address="local",
             num_cpus=max(os.cpu_count() or 1, int(-(-cpus_needed // 1))),
@@ -118,6 +123,16 @@ def connect(address: str, cpus_needed: float) -> Path | None:
         node = ray._private.worker._global_node  # no public accessor
         return Path(node.get_session_dir_path())
     return None
+
+
+@contextlib.contextmanager
+def _blocked(signals: set[signal.Signals]) -> Iterator[None]:
+    """``signals`` blocked in this thread (a signal that comes meanwhile is delivered after)."""
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
 #: what Ray (2.5x and later) logs on every ``ray.init()`` that starts a cluster while
