@@ -62,7 +62,10 @@ def test_a_stopped_manager_server_fails_the_run_naming_it(installed, tmp_path, t
             proc.send_signal(signal.SIGINT if then == "sigint" else signal.SIGTERM)
         _, stderr = proc.communicate(timeout=90)
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert "Manager server stopped (SIGSTOP) and silent for 5 s; killed" in stderr, (summary, stderr)
+    assert "Manager server stopped (SIGSTOP) and silent for 5 s; killed" in stderr, (
+        summary,
+        stderr,
+    )
     assert "Traceback" not in stderr.split("--- traceback of")[0]
     summary = json.loads((run_dir / "summary.json").read_text())
     if then == "wait":

@@ -25,14 +25,7 @@ from tests.conftest import (
     wait_for_metrics,
     wait_until,
 )
-
-
-def probe(run_dir: Path, *settings: str, steps: int = 10**9, workers: int = 2) -> list[str]:
-    args = ["--plugin", "probe", "--workers", str(workers), "--quiet", "--run-dir", str(run_dir)]
-    args += ["--total-steps", str(steps), "--set", "step_sleep=0.002"]
-    for setting in settings:
-        args += ["--set", setting]
-    return args
+from tests.unit.test_faults_second import probe
 
 
 # 1: two processes cannot write one run directory

@@ -73,8 +73,10 @@ def test_impala_worker_killed_mid_run_is_restarted_and_learning_goes_on(tmp_path
         # and goes on updating, while the restarted worker steps on through more than two
         # rollouts (its one slot came back): waited for, then the user stops the run
         wait_until(
-            lambda: updates(m := read_metrics(run_dir)) > updates_then
-            and steps_after_restart(m) > 2 * config.unroll * config.envs_per_worker,
+            lambda: (
+                updates(m := read_metrics(run_dir)) > updates_then
+                and steps_after_restart(m) > 2 * config.unroll * config.envs_per_worker
+            ),
             "more updates and steps of the restarted worker",
         )
         proc.send_signal(signal.SIGINT)

@@ -11,16 +11,7 @@ import torch
 
 from mprl.host.job import materialize_optimizer_state
 from mprl.lib.nets import ActorCriticConfig, Adam, make_optimizer
-
-
-def _model(seed: int = 0) -> torch.nn.Module:
-    torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
-
-
-def _loss(model: torch.nn.Module, seed: int) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(seed)
-    return model(torch.randn(16, 4, generator=gen)).pow(2).sum()
+from tests.unit.test_nets import _loss, _model
 
 
 def _step_in_child(model: torch.nn.Module, optimizer: Adam, out: mp.Queue) -> None:

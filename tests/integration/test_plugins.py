@@ -1,32 +1,9 @@
 """The plugin manager and hooks, in isolation: fresh managers, plugins registered inline."""
 
-
 from __future__ import annotations
-
-import attrs
-import torch
 
 import mprl
 from mprl.host.plugins import get_plugin_manager
-
-
-@attrs.frozen
-class TinyConfig:
-    size: int = 3
-
-
-def tiny_model(obs_space, act_space, config):
-    return torch.nn.Linear(4, config.size)
-
-
-def tiny_worker(ctx):
-    pass
-
-
-def algorithm(name: str = "tiny") -> mprl.Algorithm:
-    return mprl.Algorithm(
-        name=name, config_cls=TinyConfig, make_model=tiny_model, worker=tiny_worker
-    )
 
 
 def test_run_start_and_end_hooks_see_the_run(pm, installed, tmp_path):

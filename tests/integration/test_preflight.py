@@ -1,6 +1,5 @@
 """Pre-flight checks: shared memory and open files, against what the run will share."""
 
-
 from __future__ import annotations
 
 import resource

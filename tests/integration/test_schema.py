@@ -10,28 +10,9 @@ import torch
 
 from mprl import schema as s
 from mprl.testing import build_state
+from tests.unit.test_schema import FULL
 
 N = 3
-FULL = s.Schema(
-    train_modes=s.PerWorker(True),
-    n_iters=s.PerWorker(0),
-    histories=s.PerWorker(list),
-    per_worker_stats=s.PerWorker(dict),
-    log=s.List([1, 2]),
-    table=s.Dict({"a": 1}),
-    ns=s.Namespace({"mode": "train", "epoch": 0}),
-    lock=s.Lock(),
-    rlock=s.RLock(),
-    sem=s.Semaphore(2),
-    bsem=s.BoundedSemaphore(1),
-    cond=s.Condition(),
-    event=s.Event(),
-    barrier=s.Barrier("all"),
-    queue=s.Queue(4),
-    value=s.Value("i", 7),
-    array=s.Array("d", "workers", 0.5),
-    buffer=s.Tensor(shape=("workers", 5), dtype=torch.float64, fill=1.0),
-)
 
 
 @pytest.fixture

@@ -4,33 +4,14 @@ counters, optimizers and replay buffer, and the Discrete action spaces it refuse
 
 from __future__ import annotations
 
-import contextlib
-
 import numpy as np
 import torch
 
-import mprl_sac
-from mprl.testing import SerialResult, run_serial
 from mprl_sac import SACConfig
+from tests.unit.test_sac import sac_serial
 
 # small networks and batches: a serial run on two shared cores learns Pendulum in seconds
 SMALL = {"hidden": [64, 64], "lr": 1e-3, "batch_size": 128, "learning_starts": 1000}
-
-
-@contextlib.contextmanager
-def one_torch_thread():
-    """A serial run computes in this process: one thread, as each spawned child would have."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-
-
-def sac_serial(**kw) -> SerialResult:
-    with one_torch_thread():
-        return run_serial("sac", plugins=[mprl_sac], env="Pendulum-v1", **kw)
 
 
 def test_sac_learns_pendulum_in_a_serial_run():
