@@ -13,35 +13,8 @@ import torch
 from mprl import RunConfig
 from mprl.backends import child
 from mprl.backends.child import ChildExit, DeviceLearner, Trained, run_child
-from mprl.context import Context, episode_record
-
-
-class Channel:
-    def __init__(self, budget: int = 3) -> None:
-        self.budget, self.steps, self.looks = budget, 0, 0
-        self.records: list[dict[str, Any]] = []
-
-    def should_stop(self, slot: int) -> bool:
-        self.looks += 1
-        return self.steps >= self.budget
-
-    def add_steps(self, slot: int, n: int) -> None:
-        self.steps += n
-
-    def beat(self, slot: int, starting: bool = False) -> None:
-        pass
-
-    def env_steps(self) -> int:
-        return self.steps
-
-    def send(self, slot: int, record: dict[str, Any]) -> None:
-        self.records.append(record)
-
-    def episode(self, slot: int, source: str, episode_return: float, episode_length: int) -> None:
-        self.send(slot, episode_record(source, self.steps, 0.0, episode_return, episode_length))
-
-    def flush(self) -> None:
-        pass
+from mprl.context import Context
+from tests.unit.test_docs import BudgetChannel
 
 
 def context(role: str = "trainer", device: str = "cpu") -> Context:
@@ -50,7 +23,7 @@ def context(role: str = "trainer", device: str = "cpu") -> Context:
     return Context(
         role=role, rank=-1 if role == "trainer" else 0, n_workers=1, seed=1234, config=None,
         run=RunConfig(workers=1, device=device), state=None, model=model, optimizer=None,
-        optimizers=named, channel=Channel(), make_env=None,
+        optimizers=named, channel=BudgetChannel(3), make_env=None,
     )  # fmt: skip
 
 
