@@ -65,8 +65,10 @@ def test_worker_raises(installed, run_dir):
     assert "mprl: worker 1 exited with code 1" in stderr
     assert "--- traceback of worker 1 ---" in stderr
     assert "RuntimeError: injected failure in worker:1 (restart 0)" in stderr
+    # how soon the run failed is its shutdown_s; the whole run's time, its start-up included,
+    # only guards against a hang (a busy machine starts Python and torch slowly)
     assert summary["status"] == "failed" and summary["shutdown_s"] < 2
-    assert took < 30
+    assert took < 120
 
 
 # 2: a worker dies from a signal or os._exit; without restarts the run fails
@@ -138,7 +140,8 @@ def test_trainer_fails(installed, run_dir):
     assert code == 1
     assert "mprl: trainer exited with code 1" in stderr
     assert "RuntimeError: injected failure in trainer" in stderr
-    assert summary["restarts"] == [0, 0] and took < 30
+    assert summary["restarts"] == [0, 0] and summary["shutdown_s"] < 2
+    assert took < 120  # a hang guard (the run has no step budget), not a speed
 
 
 # 5: a worker hangs: reported with its rank and its stack, restarted when allowed
@@ -161,7 +164,8 @@ def test_hung_worker_without_restarts_fails_the_run(installed, run_dir):
     )  # fmt: skip
     assert code == 1
     assert "mprl: worker 1 hung: no heartbeat for 2 s (--worker-timeout 2); killed" in stderr
-    assert summary["failures"][0]["rank"] == 1 and took < 40
+    assert summary["failures"][0]["rank"] == 1 and summary["shutdown_s"] < STOP_BOUND_S
+    assert took < 120  # a hang guard (the run has no step budget), not a speed
 
 
 def test_hung_trainer_fails_the_run(installed, run_dir):
