@@ -115,10 +115,10 @@ def plugin_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     broken one."""
     root = tmp_path_factory.mktemp("site")
     modules = {
-        m: (HERE / "plugins" / f"{m}.py").read_text() for m in ("mprl_testplugin", "mprl_dqn")
+        m: (HERE / "plugins" / f"{m}.py").read_text() for m in ("mprl_testplugin", "mprl_docs_dqn")
     }
     write_distribution(
-        root, "mprl-testplugin", {"testplugin": "mprl_testplugin", "dqn": "mprl_dqn"}, modules
+        root, "mprl-testplugin", {"testplugin": "mprl_testplugin", "docs-dqn": "mprl_docs_dqn"}, modules
     )
     write_distribution(
         root,

@@ -40,8 +40,10 @@ def test_a_spawned_dqn_keeps_its_ratio_and_resumes_with_another_worker_count(tmp
     # ahead of the learner when the run stopped
     assert int(replay["sampled"]) == 32 * updates == 32 * shared["weights"]["version"]
     assert (rows - 300) / 4 - 4 <= updates <= (rows - 300) / 4
-    # the target network trails the model (copied every 50 updates)
-    assert any(not torch.equal(shared["target"][k], before["model"][k]) for k in before["model"])
+    # the target network trails the model (copied every 50 updates: the same when the run
+    # stopped right after a copy)
+    trails = any(not torch.equal(shared["target"][k], before["model"][k]) for k in before["model"])
+    assert trails or updates % 50 == 0
 
     more = cli(
         "run", "--resume", str(run_dir), "--workers", "3", "--total-steps", "3500", "--quiet"

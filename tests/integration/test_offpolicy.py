@@ -1,4 +1,4 @@
-"""An off-policy algorithm on the schema's transport alone (tests/plugins/mprl_dqn.py): a replay
+"""An off-policy algorithm on the schema's transport alone (tests/plugins/mprl_docs_dqn.py): a replay
 buffer sized from the config and shaped by the spaces, a target network and an update counter in
 the shared state, all kept across a resume; serial and spawned runs."""
 
@@ -16,7 +16,7 @@ def test_dqn_replay_counter_and_target_are_kept_across_a_resume(installed, tmp_p
     run_dir = tmp_path / "run"
     common = ["--workers", "2", "--quiet", *(f"--set={k}={v}" for k, v in SMALL.items())]
     first = cli(
-        "run", "--plugin", "dqn", "--total-steps", "3000", "--run-dir", str(run_dir), *common
+        "run", "--plugin", "docs-dqn", "--total-steps", "3000", "--run-dir", str(run_dir), *common
     )
     assert first.returncode == 0, first.stderr
     _, before = load(run_dir)

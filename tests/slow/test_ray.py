@@ -42,7 +42,7 @@ from ray.cluster_utils import Cluster  # noqa: E402
 
 WORKER = ["--worker-cpus", "2"]  # a whole node each: two workers, two nodes
 #: entry points of the test plugins every node has installed
-PLUGINS = {"raytest": "mprl_raytest", "testplugin": "mprl_testplugin", "dqn": "mprl_dqn"}
+PLUGINS = {"raytest": "mprl_raytest", "testplugin": "mprl_testplugin", "docs-dqn": "mprl_docs_dqn"}
 
 
 def _ray_processes(title: str) -> list[int]:
@@ -172,7 +172,7 @@ def test_dqn_replay_counter_and_target_across_nodes_then_resumed_locally(cluster
     small = [f"--set={k}={v}" for k, v in
              {"buffer_size": 1000, "learning_starts": 200, "target_every": 50,
               "batch_size": 32}.items()]  # fmt: skip
-    done = run_ray(cluster, "--plugin", "dqn", "--workers", "2", *WORKER, *small,
+    done = run_ray(cluster, "--plugin", "docs-dqn", "--workers", "2", *WORKER, *small,
                    "--total-steps", "3000", "--run-dir", str(run_dir))  # fmt: skip
     assert done.returncode == 0, done.stderr
     saved = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)

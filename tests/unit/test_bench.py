@@ -19,10 +19,10 @@ from mprl.backends.child import DeviceLearner
 from mprl.errors import ConfigError, SchemaError
 from mprl.testing import Bench
 from tests.conftest import REPO
-from tests.plugins import mprl_dqn
+from tests.plugins import mprl_docs_dqn as mprl_dqn
 from tests.unit.test_first_plugin_guide import code_blocks
 
-DQN = testing.registered(mprl_dqn)["dqn"]
+DQN = testing.registered(mprl_dqn)["docs-dqn"]
 SMALL = {"buffer_size": 1000, "learning_starts": 200, "batch_size": 16}
 
 
@@ -155,7 +155,7 @@ def test_what_a_bench_refuses():
 
 def test_a_bench_of_an_algorithm_by_name_through_the_fixture(mprl_pm, mprl_bench):
     mprl_pm.register(mprl_dqn)
-    bench = mprl_bench("dqn", workers=1, config={"buffer_size": 64})
+    bench = mprl_bench("docs-dqn", workers=1, config={"buffer_size": 64})
     assert bench.config.buffer_size == 64 and bench.run.workers == 1
     mprl_dqn.worker(bench.context(0, steps=10))
     assert bench.state.replay.size() == 10

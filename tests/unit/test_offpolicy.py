@@ -1,4 +1,4 @@
-"""An off-policy algorithm on the schema's transport alone (tests/plugins/mprl_dqn.py): a replay
+"""An off-policy algorithm on the schema's transport alone (tests/plugins/mprl_docs_dqn.py): a replay
 buffer sized from the config and shaped by the spaces, a target network and an update counter in
 the shared state, all kept across a resume; serial and spawned runs."""
 
@@ -12,14 +12,14 @@ from mprl import schema
 from mprl.backends.tensors import TensorStateBuilder
 from mprl.errors import SchemaError
 from tests.conftest import cli_here
-from tests.plugins import mprl_dqn
+from tests.plugins import mprl_docs_dqn as mprl_dqn
 
 SMALL = {"buffer_size": 1000, "learning_starts": 200, "target_every": 50, "batch_size": 32}
 
 
 def test_dqn_learns_from_its_replay_buffer_in_serial_mode(mprl_pm, mprl_serial):
     mprl_pm.register(mprl_dqn)
-    a, b = (mprl_serial("dqn", workers=2, total_steps=2000, seed=5, config=SMALL) for _ in "ab")
+    a, b = (mprl_serial("docs-dqn", workers=2, total_steps=2000, seed=5, config=SMALL) for _ in "ab")
     state = a.state
     assert state.replay.capacity == 1000 and state.replay.size() == 1000  # both rings full
     assert state.replay.buffers["obs"].shape == (1000, 4)  # CartPole's observations
@@ -43,7 +43,7 @@ def test_a_replay_buffer_can_stay_out_of_checkpoints():
 
 
 def test_sizes_from_the_config_are_checked_before_anything_starts(installed, capsys):
-    code, err = cli_here(capsys, "run", "--plugin", "dqn", "--set", "buffer_size=0")
+    code, err = cli_here(capsys, "run", "--plugin", "docs-dqn", "--set", "buffer_size=0")
     assert code == 2
     assert "shared-state field 'replay' (ReplayBuffer): size 'config.buffer_size' is 0" in err
     dims = schema.Dims(2, gym.spaces.Box(-1, 1, (3,)), gym.spaces.Discrete(2), mprl_dqn.DQNConfig())

@@ -116,7 +116,7 @@ def train(ctx: mprl.Context) -> None:
 def mprl_register_algorithms(register):
     register(
         mprl.Algorithm(
-            name="dqn",
+            name="docs-dqn",
             config_cls=DQNConfig,
             make_model=make_model,
             make_optimizer=make_optimizer,
