@@ -35,7 +35,8 @@ def mprl_make_env(env_id: str, render_mode: str | None) -> gym.Env:
         if workload(env_id) == "mujoco":
             _mujoco_warnings_to_python()
         return gym.make(env_id, **kwargs)
-    except gym.error.DependencyNotInstalled as exc:
+    except (gym.error.DependencyNotInstalled, ImportError) as exc:
+        # gymnasium says DependencyNotInstalled; a module of it imported earlier, an ImportError
         if "mujoco" in str(exc).lower():
             raise UsageError(f"environment {env_id!r} runs on MuJoCo: {MUJOCO_EXTRA}") from None
         raise

@@ -58,7 +58,7 @@ class RunOptions:
         for key in values:
             if key.replace("-", "_") not in self.owners:
                 raise ConfigError(
-                    f"{source}: unknown run option {key!r}; known: {', '.join(self.names)}"
+                    f"{source}: unknown field {key!r}; known fields: {', '.join(self.names)}"
                 )
 
     def build(self, values: Mapping[str, Any], source: str = "run option") -> RunConfig:

@@ -238,6 +238,8 @@ def train(ctx: mprl.Context) -> None:
             target.load_state_dict(target_net.state_dict())
         if done % LOG_EVERY_UPDATES == 0:
             ctx.log(**{k: float(t) for k, t in report.items()}, updates=done)
+    if report and done % LOG_EVERY_UPDATES:  # where the learner ended, in every run
+        ctx.log(**{k: float(t) for k, t in report.items()}, updates=done)
 
 
 def _update(

@@ -81,7 +81,11 @@ def test_plugins_lists_distribution_algorithms_hooks_and_failures(installed):
     data = json.loads(cli("plugins", "--json").stdout)
     by_name = {p["name"]: p for p in data["plugins"]}
     assert by_name["a3c"]["algorithms"] == ["a3c"]
-    assert by_name["testplugin"]["hooks"] == ["mprl_make_env", "mprl_register_algorithms"]
+    assert by_name["testplugin"]["hooks"] == [
+        "mprl_make_env",
+        "mprl_register_algorithms",
+        "mprl_register_options",
+    ]
     assert data["failed"][0]["distribution"] == "mprl-brokenplugin"
 
 

@@ -61,5 +61,6 @@ def test_a_spawned_dqn_keeps_its_ratio_and_resumes_with_another_worker_count(tmp
     resumed = max(i for i, r in enumerate(read_metrics(run_dir)) if r.get("event") == "resume")
     later = [r for r in read_metrics(run_dir)[resumed:] if r in learner]
     assert later and min(r["updates"] for r in later) > updates
+    assert later[-1]["updates"] == now["updates"]  # the learner's last report: where it ended
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "finished" and summary["session"] == 1

@@ -40,7 +40,7 @@ def test_registered_options_are_checked_and_read_through_their_class():
     assert run.to_dict()["max_hours"] == 2.0 and "extra" not in run.to_dict()
     with pytest.raises(mprl.ConfigError, match=r"config file 'x.toml' \[run\]: field 'max_hours'"):
         options.build({"max_hours": -1}, "config file 'x.toml' [run]")
-    with pytest.raises(mprl.ConfigError, match="unknown run option 'max_hour'; known: env,"):
+    with pytest.raises(mprl.ConfigError, match="unknown field 'max_hour'; known fields: env,"):
         options.build({"max_hour": 1})
     with pytest.raises(mprl.ConfigError, match=r"learner_resources.*finite amounts"):
         options.build({"learner_resources": '{"CPU": Infinity}'})

@@ -165,7 +165,7 @@ def test_missing_extras_name_the_install_line(tmp_path, capsys, monkeypatch):
     assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert 'is an Atari game, and ale_py is not installed: pip install "mprl[atari]"' in err, err
     monkeypatch.setitem(sys.modules, "mujoco", None)
-    for name in [m for m in sys.modules if m.startswith("gymnasium.envs.mujoco.")]:
+    for name in [m for m in sys.modules if m.startswith("gymnasium.envs.mujoco")]:
         monkeypatch.delitem(sys.modules, name)
     code, err = cli_here(
         capsys,
