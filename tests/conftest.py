@@ -66,22 +66,27 @@ def main_listeners() -> set[str]:
     return found - {sharer}
 
 
-#: the longest unit of work of the suite (one Ray cluster, a dozen runs on it): started first
-LONGEST = HERE / "slow" / "test_ray.py"
+#: the longest units of work of the suite (a Ray cluster each, a handful of runs on it): first
+LONGEST = {
+    HERE / "slow" / "ray_cluster" / "test_runs.py",
+    HERE / "slow" / "ray_cluster" / "test_faults.py",
+}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark each test with its tier (``-m unit``, ``-m "not slow"``), and run the slow tier first
-    (the Ray module before all), then integration, then unit: under pytest-xdist the longest
+    (the Ray modules before all), then integration, then unit: under pytest-xdist the longest
     files start first and the short ones fill in around them."""
     for item in items:
         if (name := tier(item)) is not None:
             item.add_marker(name)
-    items.sort(key=lambda item: (TIERS[::-1].index(tier(item) or "unit"), item.path != LONGEST))
+    items.sort(key=lambda item: (TIERS[::-1].index(tier(item) or "unit"), item.path not in LONGEST))
 
 
 @pytest.fixture(autouse=True)
-def _unit_starts_no_process(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+def _unit_starts_no_process(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A unit test starts no process at all (no spawn, no subprocess, no Manager server, no Ray):
     one that does belongs in ``tests/integration``."""
     if tier(request.node) != "unit":
@@ -118,7 +123,10 @@ def plugin_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
         m: (HERE / "plugins" / f"{m}.py").read_text() for m in ("mprl_testplugin", "mprl_docs_dqn")
     }
     write_distribution(
-        root, "mprl-testplugin", {"testplugin": "mprl_testplugin", "docs-dqn": "mprl_docs_dqn"}, modules
+        root,
+        "mprl-testplugin",
+        {"testplugin": "mprl_testplugin", "docs-dqn": "mprl_docs_dqn"},
+        modules,
     )
     write_distribution(
         root,

@@ -1,7 +1,7 @@
 """The data of one run followed from the command line to each process and back: an algorithm
 config value (--set) and a run option a plugin registers (--probe-tag) reach every worker and
 the train process, and what they log comes back to metrics.jsonl, on the local and serial
-backends (Ray: tests/slow/test_ray.py)."""
+backends (Ray: tests/slow/ray_cluster)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A plugin of the classic program's shape for the Ray backend's tests (see test_ray.py).
+"""A plugin of the classic program's shape for the Ray backend's tests (see tests/slow/ray_cluster).
 
 Algorithm ``relay``: workers meet at a Barrier, play CartPole with ``ctx.model`` and put whole
 episodes on a Queue; the train process takes them, counts updates in a Value and a List

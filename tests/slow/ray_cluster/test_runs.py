@@ -1,0 +1,185 @@
+"""Runs on the cluster: each algorithm's shared state across nodes and resumed between
+backends, the classic program's shape, the data of a run to every actor and back, and what
+is refused before anything starts."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tests.conftest import clean_stderr, cli, read_metrics
+from tests.slow.ray_cluster import WORKER, placed, run_ray
+
+ray = pytest.importorskip("ray")
+
+
+def test_impala_spreads_workers_over_nodes_and_resumes_on_the_local_backend(cluster, tmp_path):
+    run_dir = tmp_path / "run"
+    done = run_ray(cluster, "--plugin", "impala", "--workers", "2", *WORKER,
+                   "--total-steps", "4000", "--run-dir", str(run_dir))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    clean_stderr(done.stderr)
+    where = placed(read_metrics(run_dir))
+    assert set(where) == {"trainer", "worker 0", "worker 1"}
+    assert where["worker 0"]["node_id"] != where["worker 1"]["node_id"]
+    assert "runs on node" in done.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "finished" and summary["env_steps"] >= 4000
+    saved = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
+    assert saved["shared_state"]["weights"]["version"] > 0  # the learner published updates
+    assert saved["steps"][:2] == summary["per_worker_steps"][:2]
+    # the train process's model reached the driver: the checkpoint is not the initial model
+    again = cli("run", "--resume", str(run_dir), "--backend", "local", "--total-steps", "6000")
+    assert again.returncode == 0, again.stderr
+    resumed = json.loads((run_dir / "summary.json").read_text())
+    assert resumed["env_steps"] >= 6000
+    last = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
+    assert last["shared_state"]["weights"]["version"] > saved["shared_state"]["weights"]["version"]
+
+
+def test_ppo_from_the_local_backend_resumes_on_ray(cluster, tmp_path):
+    run_dir = tmp_path / "run"
+    # (an iteration is 2 workers x 8 envs x 32 steps: 512; a few of them on each backend)
+    first = cli("run", "--plugin", "ppo", "--workers", "2", "--total-steps", "2000",
+                "--run-dir", str(run_dir))  # fmt: skip
+    assert first.returncode == 0, first.stderr
+    version = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["shared_state"]
+    again = run_ray(cluster, "--resume", str(run_dir), *WORKER, "--total-steps", "4000")
+    assert again.returncode == 0, again.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["env_steps"] >= 4000
+    last = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["shared_state"]
+    assert last["weights"]["version"] > version["weights"]["version"]  # ppo learned on Ray
+
+
+def test_dqn_replay_counter_and_target_across_nodes_then_resumed_locally(cluster, tmp_path):
+    """ReplayBuffer, Counter and Module on Ray: a row per worker step reaches the learner's
+    buffer, the counter and the target network are checkpointed by the driver, and a local
+    resume carries on from them."""
+    run_dir = tmp_path / "run"
+    small = [f"--set={k}={v}" for k, v in
+             {"buffer_size": 1000, "learning_starts": 200, "target_every": 50,
+              "batch_size": 32}.items()]  # fmt: skip
+    done = run_ray(cluster, "--plugin", "docs-dqn", "--workers", "2", *WORKER, *small,
+                   "--total-steps", "3000", "--run-dir", str(run_dir))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    saved = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
+    shared = saved["shared_state"]
+    assert int(shared["replay"]["heads"].sum()) == sum(saved["steps"]) > 0  # a row per step
+    assert shared["updates"] > 0 and shared["weights"]["version"] == shared["updates"]
+    assert set(shared["target"]) == set(saved["model"])  # the learner's target network
+    # 1,000 steps on: the workers (ahead of the learner's ratio by whatever Ray's batched counts
+    # let them run) wait for its updates before they get there
+    total = sum(saved["steps"]) + 1000
+    again = cli("run", "--resume", str(run_dir), "--backend", "local", *small,
+                "--total-steps", str(total))  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    after = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
+    assert int(after["shared_state"]["replay"]["heads"].sum()) == sum(after["steps"]) >= total
+    assert after["shared_state"]["updates"] > shared["updates"]
+
+
+def test_sac_resumed_on_ray_with_3_workers_then_locally_with_1_keeps_its_replay_rows(
+    cluster, tmp_path
+):
+    """A local run's replay rows re-partitioned over 3 Ray workers (the buffer in the train
+    process's actor), then back over 1 local worker, none lost, the run going on each time."""
+    run_dir = tmp_path / "run"
+    tiny = [f"--set={k}={v}" for k, v in
+            {"hidden": [32, 32], "batch_size": 32, "learning_starts": 200,
+             "buffer_size": 3000}.items()]  # fmt: skip
+    first = cli("run", "--plugin", "sac", "--workers", "2", "--total-steps", "600", *tiny,
+                "--run-dir", str(run_dir), "--quiet")  # fmt: skip
+    assert first.returncode == 0, first.stderr
+    rows = int(torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)[
+        "shared_state"]["replay"]["heads"].sum())  # fmt: skip
+    on_ray = run_ray(cluster, "--resume", str(run_dir), "--workers", "3", "--worker-cpus", "1",
+                     "--total-steps", "1200", "--quiet")  # fmt: skip
+    assert on_ray.returncode == 0, on_ray.stderr
+    assert (
+        f"resume: shared-state field 'replay' (ReplayBuffer): {rows:,} rows re-partitioned from "
+        "2 workers (1,500 rows each) to 3 (1,000 rows each)"
+    ) in on_ray.stderr
+    saved = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
+    replay = saved["shared_state"]["replay"]
+    assert replay["heads"].shape == (3,) and saved["run"]["backend"] == "ray"
+    assert int(replay["heads"].sum()) == saved["env_steps"] >= 1200  # the rows kept, and more
+    back = cli("run", "--resume", str(run_dir), "--backend", "local", "--workers", "1",
+               "--total-steps", "1500", "--quiet")  # fmt: skip
+    assert back.returncode == 0, back.stderr
+    last = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
+    assert last["shared_state"]["replay"]["heads"].tolist() == [last["env_steps"]]
+    assert last["env_steps"] >= 1500 and last["session"] == 2
+
+
+def test_the_classic_shape_works_across_nodes(cluster, tmp_path):
+    """Barrier, Queue, List, Value, Lock and PerWorker fields shared by actors on three nodes,
+    and workers acting with the train process's model (``ctx.model`` follows it)."""
+    run_dir = tmp_path / "run"
+    done = run_ray(cluster, "--plugin", "relay", "--workers", "2", *WORKER,
+                   "--total-steps", "6000", "--set", "wait_for_model=true",
+                   "--run-dir", str(run_dir))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    state = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["shared_state"]
+    assert state["met"] == [True, True]  # both passed the barrier
+    assert state["updates"] == len(state["losses"]) > 0  # changed together under the lock
+    assert sum(state["losses"]) <= sum(state["steps"])  # episodes came through the queue
+    assert all(saw > 0 for saw in state["saw"])  # both acted with an updated model
+    where = placed(read_metrics(run_dir))
+    assert len({r["node_id"] for r in where.values()}) == 3
+
+
+def test_a_flag_and_a_config_value_reach_every_actor_and_come_back(cluster, tmp_path):
+    """The data of one run from the command line to each actor on its node, and back (the
+    workers count steps once the train process has updated the model: it has run, and logged)."""
+    run_dir = tmp_path / "run"
+    done = run_ray(cluster, "--plugin", "relay", "--workers", "2", *WORKER,
+                   "--total-steps", "300", "--relay-tag", "from-the-cli",
+                   "--set", "step_sleep=0.0015", "--set", "wait_for_model=true",
+                   "--run-dir", str(run_dir))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    records = read_metrics(run_dir)
+    tagged = {r["source"]: r for r in records if "tag" in r}
+    assert set(tagged) == {"worker:0", "worker:1", "trainer"}
+    assert {r["tag"] for r in tagged.values()} == {"from-the-cli"}
+    assert tagged["worker:1"]["step_sleep"] == 0.0015
+    nodes = {r["node_id"] for r in records if r.get("event") == "placed" and r["rank"] >= 0}
+    assert len(nodes) == 2  # the workers ran on two nodes
+
+
+def test_what_cannot_run_on_ray_is_refused_before_anything_starts(cluster, tmp_path):
+    cases = {
+        ("--plugin", "a3c"): "Hogwild",
+        ("--plugin", "probe"): "field 'seen' (Tensor)",
+        ("--plugin", "impala", "--learner-resources", "GPU"): "--learner-resources 'GPU'",
+    }
+    for args, message in cases.items():
+        done = run_ray(cluster, *args, "--run-dir", str(tmp_path / "never"))
+        assert done.returncode == 2, (args, done.stderr)
+        assert message in done.stderr, (args, done.stderr)
+        assert not (tmp_path / "never").exists()
+    # what the cluster cannot hold, or no cluster there: bad usage, said before a run directory
+    big = run_ray(cluster, "--plugin", "impala", "--workers", "8", *WORKER,
+                  "--run-dir", str(tmp_path / "big"))  # fmt: skip
+    assert big.returncode == 2, big.stderr
+    assert "the Ray cluster cannot hold this run: the run needs 17 CPU (it has 5)" in big.stderr
+    nobody = cli("run", "--plugin", "impala", "--backend", "ray", "--ray-address", "127.0.0.1:1",
+                 "--run-dir", str(tmp_path / "nobody"))  # fmt: skip
+    assert nobody.returncode == 2 and "127.0.0.1:1: nothing answers there" in nobody.stderr
+    assert not (tmp_path / "big").exists() and not (tmp_path / "nobody").exists()
+
+
+def test_without_ray_installed_the_backend_says_what_to_install(tmp_path):
+    code = (
+        "import sys; sys.modules['ray'] = None\n"
+        "from mprl.tools.cli import main\n"
+        f"sys.exit(main(['run', '--plugin', 'impala', '--backend', 'ray', '--run-dir', "
+        f"{str(tmp_path / 'r')!r}]))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert 'pip install "mprl[ray]"' in done.stderr
