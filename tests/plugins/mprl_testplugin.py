@@ -9,6 +9,7 @@ worker that creates it proves entry-point plugins load inside spawned children.
 from __future__ import annotations
 
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -242,6 +243,7 @@ def probe_worker(ctx: mprl.Context) -> None:
         pid=os.getpid(),
         tag=ctx.run.of(ProbeOptions).probe_tag,
         step_sleep=ctx.config.step_sleep,
+        draws=[random.random(), float(np.random.rand()), float(torch.rand(()))],  # seeded?
     )
     ctx.state.ready[ctx.rank] = True
     # every worker steps, however slowly the others start; should_stop() keeps the heartbeat
@@ -280,10 +282,11 @@ def probe_worker(ctx: mprl.Context) -> None:
 def probe_train(ctx: mprl.Context) -> None:
     if ctx.config.ignore_sigterm:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    while not ctx.should_stop():
-        if ctx.config.trainer_fault != "none" and ctx.env_steps >= ctx.config.fault_at_step:
-            inject(ctx, ctx.config.trainer_fault)
-        time.sleep(0.05)
+    cfg = ctx.config
+    # (a wait that hands the turn on in a serial run, where a sleep would stall every process)
+    if ctx.wait_until(lambda: cfg.trainer_fault != "none" and ctx.env_steps >= cfg.fault_at_step):
+        inject(ctx, cfg.trainer_fault)
+        ctx.wait_until(lambda: False)  # on until the run stops, as before the fault
     ctx.log(
         trainer_saw_visits=sum(ctx.state.visits),
         trainer_seen=float(ctx.state.seen.sum()),

@@ -8,12 +8,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from mprl.backends.local.backend import LocalBackend
+from mprl.backends.local.backend import LocalBackend, LocalOptions
 from mprl.hookspecs import hookimpl
 
-__all__ = ["LocalBackend"]
+__all__ = ["LocalBackend", "LocalOptions"]
 
 
 @hookimpl
 def mprl_register_backends(register: Callable[..., None]) -> None:
     register("local", LocalBackend, "spawned processes on this machine (the default)")
+
+
+@hookimpl
+def mprl_register_options(register: Callable[[type], None]) -> None:
+    register(LocalOptions)

@@ -25,13 +25,21 @@ from typing import Any
 
 import attrs
 import torch
+from attrs import validators as v
 
 from mprl.backends import base
 from mprl.backends.base import Job, Monitor, Outcome
 from mprl.backends.child import run_child
 from mprl.backends.local import preflight
 from mprl.backends.local.channel import LocalChannel
-from mprl.backends.processes import ManagerServer, child_environment, end_group, init_child
+from mprl.backends.processes import (
+    ManagerServer,
+    child_environment,
+    end_group,
+    init_child,
+    start_context,
+    stop_forkserver,
+)
 from mprl.backends.supervisor import RUNNING, Child, NotStarted, Supervisor
 from mprl.backends.tensors import TensorStateBuilder
 from mprl.context import Context
@@ -39,6 +47,23 @@ from mprl.errors import UsageError
 from mprl.files import open_new
 from mprl.run_types import ChildFailure
 from mprl.schema import SharedState
+
+START_METHODS = tuple(m for m in ("forkserver", "spawn") if m in mp.get_all_start_methods())
+
+
+@attrs.frozen
+class LocalOptions:
+    """The local backend's run options (``--backend local``, the default), registered by it."""
+
+    start_method: str = attrs.field(
+        default=START_METHODS[0],
+        validator=v.in_(START_METHODS),
+        metadata={
+            "help": "how children start: forkserver (forked from a server that imported torch "
+            "and gymnasium once: no import per child) or spawn (a fresh interpreter each)"
+        },
+    )
+
 
 #: Seconds children get to return after the stop flag is set, before SIGTERM, then SIGKILL.
 STOP_GRACE_S = 5.0
@@ -151,7 +176,7 @@ class _LocalSupervisor(Supervisor):
         self._tmp = None if job.run_dir is not None else tempfile.TemporaryDirectory()
         self.logs = Path(self._tmp.name if self._tmp else job.run_dir) / "logs"  # type: ignore[arg-type]
         self.logs.mkdir(exist_ok=True)
-        self.spawn = mp.get_context("spawn")
+        self.spawn = start_context(job.run.of(LocalOptions).start_method)
         self.threads = job.run.torch_threads or threads_per_child(len(self.children))
         self.server: ManagerServer | None = None
         self.records = self.spawn.Queue()
@@ -173,7 +198,9 @@ class _LocalSupervisor(Supervisor):
         job = self.job
         if job.algorithm.schema.needs_manager():
             try:
-                self.server = ManagerServer(leftovers=self._leftovers(), threads=self.threads)
+                self.server = ManagerServer(
+                    leftovers=self._leftovers(), threads=self.threads, context=self.spawn
+                )
             except (EOFError, OSError) as exc:  # it died before it answered
                 if reason := self._stop_requested():
                     raise NotStarted(Outcome(reason)) from None
@@ -301,3 +328,4 @@ class _LocalSupervisor(Supervisor):
         self.records.join_thread()
         if self.server is not None:
             self.server.shutdown()
+        stop_forkserver()
