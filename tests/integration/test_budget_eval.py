@@ -100,7 +100,8 @@ def test_a3c_judged_on_evaluation_episodes_that_mprl_eval_plays_again(tmp_path):
     # solved on the first evaluation that reached the threshold, not on training returns
     passed = next(r for r in evals if r["eval_return_mean"] >= THRESHOLD)
     assert s["solved_at"]["env_steps"] == passed["step"]
-    assert s["solved_at"]["eval_return_mean"] == pytest.approx(passed["eval_return_mean"])
+    # (the summary's mean to 2 decimals)
+    assert s["solved_at"]["eval_return_mean"] == pytest.approx(passed["eval_return_mean"], abs=5e-3)
     assert not [r for r in records if r.get("event") == "policy-check"]
     assert [r["on"] for r in records if r.get("event") == "solved"] == ["eval"]
     assert s["last_eval"]["step"] == evals[-1]["step"]

@@ -36,3 +36,5 @@ def test_a_low_soft_limit_is_raised_and_the_run_goes_on(installed, run_dir):
     proc = _run(installed, run_dir, 400, 8192, tensors=600)
     assert proc.returncode == 0, proc.stderr
     assert "raised the open-file limit from 400 to" in proc.stderr
+    # more tensors than a forkserver can pass a child: spawned children, said once
+    assert "children start with spawn: the run shares" in proc.stderr

@@ -48,6 +48,9 @@ from mprl.files import open_new
 from mprl.run_types import ChildFailure
 from mprl.schema import SharedState
 
+#: the shared tensors a forkserver can send a child: one file descriptor each, in one message
+#: of at most ``multiprocessing.forkserver.MAXFDS_TO_SEND`` (256), less its own and the pipes'
+FORKSERVER_FDS = 256 - 16
 START_METHODS = tuple(m for m in ("forkserver", "spawn") if m in mp.get_all_start_methods())
 
 
@@ -123,6 +126,7 @@ class LocalBackend(base.Backend):
     """Runs a job in spawned processes on this machine."""
 
     name = "local"
+    start_method = START_METHODS[0]  # the run's, once prepare() has read it
 
     def prepare(self, job: Job) -> list[str]:
         """Refuse a run started while a child imports the user's script; check that what the
@@ -140,11 +144,17 @@ class LocalBackend(base.Backend):
             [*tensors, *_optimizer_tensors(job.all_optimizers())]
         )
         state_bytes, state_tensors = job.algorithm.schema.memory(job.dims)
+        shared = storages + state_tensors + 3  # + the channel's
         notes = preflight.check(
-            shm_bytes=nbytes + state_bytes,
-            storages=storages + state_tensors + 3,  # + the channel's
-            processes=len(job.roles()) + 1,
+            shm_bytes=nbytes + state_bytes, storages=shared, processes=len(job.roles()) + 1
         )
+        self.start_method = job.run.of(LocalOptions).start_method
+        if self.start_method == "forkserver" and shared > FORKSERVER_FDS:
+            self.start_method = "spawn"
+            notes.append(
+                f"children start with spawn: the run shares {shared} tensors, more than a "
+                f"forkserver can send a child ({FORKSERVER_FDS}, one file descriptor each)"
+            )
 
         def put() -> None:
             job.model.share_memory()
@@ -157,7 +167,7 @@ class LocalBackend(base.Backend):
     def execute(self, job: Job, monitor: Monitor) -> Outcome:
         # all state lives in the supervisor, so nothing of the run (its queue's semaphores)
         # outlives execute() through a reference to the backend
-        return _LocalSupervisor(job, monitor).execute()
+        return _LocalSupervisor(job, monitor, self.start_method).execute()
 
 
 @attrs.define(eq=False)
@@ -171,12 +181,12 @@ class _LocalSupervisor(Supervisor):
     escalation = ((STOP_GRACE_S, "terminate"), (KILL_GRACE_S, "kill"))
     child_type = _Child
 
-    def __init__(self, job: Job, monitor: Monitor) -> None:
+    def __init__(self, job: Job, monitor: Monitor, start_method: str) -> None:
         super().__init__(job, monitor)
         self._tmp = None if job.run_dir is not None else tempfile.TemporaryDirectory()
         self.logs = Path(self._tmp.name if self._tmp else job.run_dir) / "logs"  # type: ignore[arg-type]
         self.logs.mkdir(exist_ok=True)
-        self.spawn = start_context(job.run.of(LocalOptions).start_method)
+        self.spawn = start_context(start_method)
         self.threads = job.run.torch_threads or threads_per_child(len(self.children))
         self.server: ManagerServer | None = None
         self.records = self.spawn.Queue()
