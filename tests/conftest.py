@@ -470,3 +470,23 @@ def no_leftovers(
 @pytest.fixture
 def run_dir(tmp_path: Path) -> Path:
     return tmp_path / "run"
+
+
+SEED = REPO / "examples" / "mprl-seed"
+
+
+@pytest.fixture(scope="session")
+def seed_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """examples/mprl-seed installed with pip into a directory of its own, as a user would."""
+    target = tmp_path_factory.mktemp("seed-site")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+         "--target", str(target), str(SEED)],
+        check=True, capture_output=True, timeout=300,
+    )  # fmt: skip
+    return target
+
+
+def with_site(site: Path) -> dict[str, str]:
+    """The environment that puts ``site`` on a child's path."""
+    return {"PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}

@@ -298,12 +298,30 @@ def _finish(
 ) -> Summary:
     """Write ``summary.json``, tell the reporters, and raise :class:`RunFailed` on a crash, or
     when the run had to stop because its metrics could not be written (a full disk)."""
+    summary = _summary(plan, rundir, outcome, monitor, signals)
+    try:
+        rundir.write_json("summary.json", summary.to_dict())
+        unwritten = ""
+    except OSError as exc:  # a full disk: said, and the run ends as it would have
+        unwritten = f"summary.json not written ({describe_write_error(exc)})"
+        if monitor.fault is None:  # else the last line says it
+            say(f"mprl: {unwritten}")
+        unwritten = "summary.json not written"
+    _close(rundir)
+    pm.hook.mprl_run_end(run=info, summary=summary.to_dict())
+    _say_end(summary, outcome, monitor, signals, rundir, unwritten)
+    return summary
+
+
+def _summary(
+    plan: Prepared, rundir: RunDir, outcome: Outcome, monitor: RunMonitor, signals: _Signals
+) -> Summary:
+    """What ``summary.json`` says of the run."""
     stats, job = monitor.stats, plan.job
     status = "failed" if outcome.failures or monitor.fault else "finished"
     if signals.received is not None:  # stopped by the user, whatever happened after
         status = "interrupted"
-    kept = monitor.kept()
-    summary = Summary(
+    return Summary(
         status=status,
         stop_reason=outcome.stop_reason,
         solved=stats.solved(),
@@ -323,20 +341,23 @@ def _finish(
         failures=tuple(outcome.failures),
         signal=signals.received,
         solved_at=stats.solved_at,
-        checkpoint=kept,
+        checkpoint=monitor.kept(),
         solved_on=_solved_on(stats.solved_at, monitor.solved_on),
         last_eval=stats.last_eval,
     )
-    try:
-        rundir.write_json("summary.json", summary.to_dict())
-        unwritten = ""
-    except OSError as exc:  # a full disk: said, and the run ends as it would have
-        unwritten = f"summary.json not written ({describe_write_error(exc)})"
-        if monitor.fault is None:  # else the last line says it
-            say(f"mprl: {unwritten}")
-        unwritten = "summary.json not written"
-    _close(rundir)
-    pm.hook.mprl_run_end(run=info, summary=summary.to_dict())
+
+
+def _say_end(
+    summary: Summary,
+    outcome: Outcome,
+    monitor: RunMonitor,
+    signals: _Signals,
+    rundir: RunDir,
+    unwritten: str,
+) -> None:
+    """The last lines of a run that did not simply finish; raise :class:`RunFailed` where it
+    failed (a child's crash first, then the main process's own fault)."""
+    kept, steps = summary.checkpoint, monitor.stats.env_steps
     if signals.forced:
         saved = None if kept is None else kept["env_steps"]
         say(
@@ -348,28 +369,26 @@ def _finish(
             )
         )
     elif monitor.checkpoint_error is not None and monitor.fault is None:  # the final one failed
-        say(f"mprl: {_checkpoint_line(kept, stats.env_steps, rundir)}")
+        say(f"mprl: {_checkpoint_line(kept, steps, rundir)}")
+    failed = summary.status == "failed"
     if outcome.failures:  # reported, also when the user stopped the run
         for f in outcome.failures:
             say(f"mprl: {f.who} {f.reason}")
             if f.traceback:
                 say(f"--- traceback of {f.who} ---\n{f.traceback.rstrip()}")
         first = outcome.failures[0]
-        if status != "failed":
-            return summary
-        raise RunFailed(f"{first.who} {first.reason}; run directory: {rundir.path}", summary)
-    if monitor.fault is not None:
-        if status != "failed":
-            say(f"mprl: {monitor.fault}")
-            return summary
+        if failed:
+            raise RunFailed(f"{first.who} {first.reason}; run directory: {rundir.path}", summary)
+    elif monitor.fault is not None and not failed:
+        say(f"mprl: {monitor.fault}")
+    elif monitor.fault is not None:
         after = (
-            f"the run was stopped after its final checkpoint ({stats.env_steps:,} env steps)"
+            f"the run was stopped after its final checkpoint ({steps:,} env steps)"
             if monitor.checkpoint_error is None
-            else _checkpoint_line(kept, stats.env_steps, rundir, either=True)
+            else _checkpoint_line(kept, steps, rundir, either=True)
         )
         after += f"; {unwritten}" if unwritten else ""
         raise RunFailed(f"{monitor.fault}: {after}; run directory: {rundir.path}", summary)
-    return summary
 
 
 def _solved_on(solved_at: Mapping[str, Any] | None, rule: str) -> str:

@@ -52,19 +52,13 @@ def evaluate(
         loaded = restored(
             file, data, pm, plugin, algo, config, run, env.observation_space, env.action_space
         )
-        act = _policy(loaded)
         if video_dir is not None:
             from gymnasium.wrappers import RecordVideo
 
             env = RecordVideo(
                 env, str(video_dir), episode_trigger=lambda _: True, name_prefix="eval"
             )
-        with torch.random.fork_rng(devices=[]):  # sampled actions repeat for a seed
-            torch.manual_seed(seed)
-            try:
-                returns, lengths = play_episodes([env], act, episodes, deterministic, seed)
-            except gym.error.DependencyNotInstalled as exc:  # rendering needs e.g. pygame
-                raise UsageError(f"--video: {env_id} cannot render frames: {exc}") from None
+        returns, lengths = _play(env, env_id, _policy(loaded), episodes, deterministic, seed)
     finally:
         env.close()
     result = {
@@ -81,6 +75,17 @@ def evaluate(
     atomic_write(target, lambda f: f.write((json.dumps(result, indent=2) + "\n").encode()))
     result["written_to"] = str(target)
     return result
+
+
+def _play(
+    env: gym.Env, env_id: str, act: Any, episodes: int, deterministic: bool, seed: int
+) -> tuple[list[float], list[int]]:
+    with torch.random.fork_rng(devices=[]):  # sampled actions repeat for a seed
+        torch.manual_seed(seed)
+        try:
+            return play_episodes([env], act, episodes, deterministic, seed)
+        except gym.error.DependencyNotInstalled as exc:  # rendering needs e.g. pygame
+            raise UsageError(f"--video: {env_id} cannot render frames: {exc}") from None
 
 
 def _statistics(returns: list[float], lengths: list[int]) -> dict[str, Any]:

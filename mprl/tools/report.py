@@ -210,23 +210,8 @@ def build_figure(
         ``window`` < 1; matplotlib is missing.
     """
     Figure, FigureCanvasAgg = _matplotlib()
-    if not runs:
-        raise UsageError("give at least one run directory to plot")
-    if window < 1:
-        raise UsageError(f"--window must be >= 1, got {window}")
-    if labels is not None and len(labels) != len(runs):
-        raise UsageError(
-            f"{len(labels)} --label given for {len(runs)} run directories; give one per run "
-            "directory, in the same order, or none"
-        )
-    for run in runs:
-        if not run.episodes and not run.evals:
-            raise UsageError(
-                f"run {str(run.path)!r} has no episodes in metrics.jsonl yet; nothing to plot "
-                "(leave it out or wait until it has finished a few episodes)"
-            )
+    _check_plot(runs, labels, window)
     names = list(labels) if labels is not None else _default_labels(runs)
-
     fig = Figure(figsize=(12, 4.8), layout="constrained")
     FigureCanvasAgg(fig)
     by_steps, by_wall = fig.subplots(1, 2, sharey=True)
@@ -245,13 +230,7 @@ def build_figure(
                 steps, means, yerr=stds, color=color, label=f"{name} (eval)", **style
             )
             by_wall.errorbar(walls, means, yerr=stds, color=bars.lines[0].get_color(), **style)
-    thresholds: dict[float, list[str]] = {}
-    for run in runs:
-        if run.reward_threshold is not None:
-            envs = thresholds.setdefault(run.reward_threshold, [])
-            if (run.env or "?") not in envs:
-                envs.append(run.env or "?")
-    for value, envs in sorted(thresholds.items()):
+    for value, envs in _thresholds(runs):
         label = f"reward threshold {value:g} ({', '.join(envs)})"
         by_steps.axhline(value, color="0.3", linestyle="--", linewidth=1, label=label)
         by_wall.axhline(value, color="0.3", linestyle="--", linewidth=1)
@@ -267,6 +246,35 @@ def build_figure(
     by_wall.set_title("return vs wall time")
     by_steps.legend(loc="best", fontsize="small")
     return fig
+
+
+def _check_plot(runs: Sequence[Run], labels: Sequence[str] | None, window: int) -> None:
+    if not runs:
+        raise UsageError("give at least one run directory to plot")
+    if window < 1:
+        raise UsageError(f"--window must be >= 1, got {window}")
+    if labels is not None and len(labels) != len(runs):
+        raise UsageError(
+            f"{len(labels)} --label given for {len(runs)} run directories; give one per run "
+            "directory, in the same order, or none"
+        )
+    for run in runs:
+        if not run.episodes and not run.evals:
+            raise UsageError(
+                f"run {str(run.path)!r} has no episodes in metrics.jsonl yet; nothing to plot "
+                "(leave it out or wait until it has finished a few episodes)"
+            )
+
+
+def _thresholds(runs: Sequence[Run]) -> list[tuple[float, list[str]]]:
+    """Each reward threshold of the runs' envs, with the envs that have it."""
+    thresholds: dict[float, list[str]] = {}
+    for run in runs:
+        if run.reward_threshold is not None:
+            envs = thresholds.setdefault(run.reward_threshold, [])
+            if (run.env or "?") not in envs:
+                envs.append(run.env or "?")
+    return sorted(thresholds.items())
 
 
 def plot_runs(

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, cli
+from tests.conftest import REPO, SEED, cli, with_site
 
 EXAMPLE = REPO / "examples" / "mprl-reinforce"
 EXAMPLE_TESTS = 14  # tests in examples/mprl-reinforce/tests, parametrized cases counted
@@ -73,27 +73,9 @@ def test_the_example_passes_its_own_tests(
     )
 
 
-SEED = REPO / "examples" / "mprl-seed"
-
-
-@pytest.fixture(scope="module")
-def seed_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    target = tmp_path_factory.mktemp("seed-site")
-    subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-         "--target", str(target), str(SEED)],
-        check=True, capture_output=True, timeout=300,
-    )  # fmt: skip
-    return target
-
-
-def _with(site: Path) -> dict[str, str]:
-    return {"PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
-
-
 def test_the_seed_example_passes_its_own_tests(seed_site: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_ADDOPTS", "PYTEST_PLUGINS")}
-    env.update(_with(seed_site))
+    env.update(with_site(seed_site))
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider"],
         cwd=SEED, env=env, capture_output=True, text=True, timeout=300,
@@ -105,7 +87,7 @@ def test_the_seed_example_passes_its_own_tests(seed_site: Path) -> None:
 def test_the_seed_example_runs_in_spawned_processes_and_stops_its_waits(seed_site, tmp_path):
     run_dir = tmp_path / "run"
     proc = cli("run", "--plugin", "seed", "--workers", "2", "--total-steps", "20000",
-               "--run-dir", str(run_dir), "--quiet", env=_with(seed_site))  # fmt: skip
+               "--run-dir", str(run_dir), "--quiet", env=with_site(seed_site))  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["env_steps"] >= 20000 and min(summary["per_worker_steps"]) > 0

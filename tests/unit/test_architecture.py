@@ -1,5 +1,6 @@
 """The shape of the package, read from the code: no import cycle among mprl's modules, leaves
-that are leaves, no plugin or example reaching into a backend or into shared memory."""
+that are leaves, no plugin or example reaching into a backend or into shared memory, no
+function longer than 60 lines."""
 
 from __future__ import annotations
 
@@ -157,3 +158,19 @@ def test_the_gpu_learner_is_no_part_of_the_author_api():
     edges = graph(lazy=True)
     assert "mprl.backends.child" not in edges["mprl.context"]
     assert not (PACKAGE / "learner.py").exists()
+
+
+#: the longest a function of mprl may be, from its ``def`` to its last line, docstring included
+LONGEST_FUNCTION = 60
+
+
+def test_no_function_of_the_core_is_longer_than_a_screen():
+    """A function past 60 lines is split into named steps (the CLI's parser builder was 111)."""
+    long = []
+    for name, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = node.end_lineno - node.lineno + 1  # type: ignore[operator]
+                if lines > LONGEST_FUNCTION:
+                    long.append(f"{name}.{node.name}: {lines} lines")
+    assert not long, long

@@ -47,6 +47,8 @@ STOP_GRACE_S = 5.0
 RAY_PROCESSES = 3
 #: the longest one answer from an actor (a poll, the final state) is awaited
 CALL_TIMEOUT_S = 30.0
+#: seconds the driver waits, at the end of a run, for Ray to see its killed actors' processes end
+ACTORS_GONE_S = 10.0
 
 #: schema kinds that need one machine's memory or are not built on Ray yet, and what to use
 REFUSED = {
@@ -497,6 +499,11 @@ class _RaySupervisor(Supervisor):
 
         if self.hub is not None:
             ray.kill(self.hub, no_restart=True)
+        # a killed actor's task fails once Ray has seen its process end: wait for that, so
+        # that no actor process outlives the driver's exit (bounded: Ray reaps the rest)
+        runs = [c.run_ref for c in self._children() if c.run_ref is not None]
+        with contextlib.suppress(Exception):
+            ray.wait(runs, num_returns=len(runs), timeout=ACTORS_GONE_S)
         if self.server is not None:
             self.server.shutdown()
         if self.session is not None and (self.outcome is None or self.outcome.failures):

@@ -120,12 +120,16 @@ def test_a_crash_reports_the_remote_traceback_role_rank_and_node(cluster, tmp_pa
 
 def test_a_hung_actor_is_killed_and_reported(cluster, tmp_path):
     done = run_ray(cluster, "--plugin", "relay", "--workers", "2", *WORKER,
-                   "--set", "fault=hang", "--worker-timeout", "3",
+                   "--set", "fault=hang", "--worker-timeout", "8",  # (the train process of a loaded
+                   # machine answers the driver within that)
                    "--run-dir", str(tmp_path / "run"))  # fmt: skip
     assert done.returncode == 1, done.stderr
     assert "worker 0" in done.stderr and "hung: no heartbeat for" in done.stderr
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert summary["failures"][0]["rank"] == 0
+    # worker 0 is the hung one (in the suite the train process, blocked on the queue worker 0
+    # stopped filling, was once reported in the same tick: listed first, as the table is)
+    hung = [f["rank"] for f in summary["failures"] if f["reason"].startswith("hung")]
+    assert 0 in hung, summary["failures"]
 
 
 def test_with_no_address_the_run_starts_ray_for_itself_and_stops_it(tmp_path, monkeypatch):
