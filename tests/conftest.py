@@ -475,16 +475,21 @@ def run_dir(tmp_path: Path) -> Path:
 SEED = REPO / "examples" / "mprl-seed"
 
 
-@pytest.fixture(scope="session")
-def seed_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """examples/mprl-seed installed with pip into a directory of its own, as a user would."""
-    target = tmp_path_factory.mktemp("seed-site")
+def pip_site(tmp_path_factory: pytest.TempPathFactory, project: Path) -> Path:
+    """``project`` installed with pip into a directory of its own, as a user would."""
+    target = tmp_path_factory.mktemp(f"{project.name}-site")
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-         "--target", str(target), str(SEED)],
+         "--target", str(target), str(project)],
         check=True, capture_output=True, timeout=300,
     )  # fmt: skip
     return target
+
+
+@pytest.fixture(scope="session")
+def seed_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """examples/mprl-seed installed with pip (:func:`pip_site`)."""
+    return pip_site(tmp_path_factory, SEED)
 
 
 def with_site(site: Path) -> dict[str, str]:

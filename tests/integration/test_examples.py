@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, SEED, cli, with_site
+from tests.conftest import REPO, SEED, cli, pip_site, with_site
 
 EXAMPLE = REPO / "examples" / "mprl-reinforce"
 EXAMPLE_TESTS = 14  # tests in examples/mprl-reinforce/tests, parametrized cases counted
@@ -20,13 +20,7 @@ EXAMPLE_TESTS = 14  # tests in examples/mprl-reinforce/tests, parametrized cases
 
 @pytest.fixture(scope="module")
 def reinforce_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    target = tmp_path_factory.mktemp("reinforce-site")
-    subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-         "--target", str(target), str(EXAMPLE)],
-        check=True, capture_output=True, timeout=300,
-    )  # fmt: skip
-    return target
+    return pip_site(tmp_path_factory, EXAMPLE)
 
 
 def test_example_plugin_installs_and_runs_in_spawned_workers(reinforce_site, tmp_path):
