@@ -12,15 +12,17 @@ import numpy as np
 import torch
 
 from mprl.lib.nets import ActorCritic, merge_moments
+from mprl.lib.recurrent import recurrent_rollout, state_spec
 from mprl.schema import obs_dtype
 
 
 def rollout_spec(
-    obs_space: gym.Space, act_space: gym.Space, steps: int, envs: int
+    obs_space: gym.Space, act_space: gym.Space, steps: int, envs: int, config: Any = None
 ) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
     """The :class:`mprl.schema.Rollouts` spec of :meth:`EnvBatch.rollout`: ``steps`` steps of
     ``envs`` environments, and the observations after the last step (uint8 frames stay uint8:
-    :func:`mprl.schema.obs_dtype`)."""
+    :func:`mprl.schema.obs_dtype`). With a ``config`` whose ``core`` is recurrent, the hidden
+    state at the rollout's start too (:func:`mprl.lib.recurrent.state_spec`)."""
     discrete = isinstance(act_space, gym.spaces.Discrete)
     return {
         "obs": ((steps + 1, envs, *obs_space.shape), obs_dtype(obs_space)),
@@ -30,6 +32,7 @@ def rollout_spec(
         "logp": ((steps, envs), torch.float32),
         "reward": ((steps, envs), torch.float32),
         "done": ((steps, envs), torch.float32),
+        **(state_spec(config, envs) if config is not None else {}),
     }
 
 
@@ -133,6 +136,8 @@ class EnvBatch:
         self.t = 0  # steps of this batch so far
         self.rewards = np.zeros(n, dtype=np.float32)
         self.dones = np.zeros(n, dtype=np.float32)
+        #: a recurrent model's hidden state of each env after the last step (``None``: zeros)
+        self.state: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return self.n
@@ -223,7 +228,11 @@ class EnvBatch:
 
     def rollout(self, model: ActorCritic, slot: dict[str, torch.Tensor]) -> None:
         """Act with ``model`` for as many steps as ``slot`` holds (one batched forward per step)
-        and write the rollout into it in place: the fields of :func:`rollout_spec`."""
+        and write the rollout into it in place: the fields of :func:`rollout_spec`. A recurrent
+        model (``core=lstm``/``gru``) collects with
+        :func:`mprl.lib.recurrent.recurrent_rollout` instead (``slot`` has a ``state`` then)."""
+        if "state" in slot:
+            return recurrent_rollout(self, model, slot)  # type: ignore[arg-type]
         steps = slot["action"].shape[0]
         obs, actions, logps, rewards, dones = [], [], [], [], []
         for _ in range(steps):

@@ -10,7 +10,8 @@ from __future__ import annotations
 import gymnasium as gym
 
 import mprl
-from mprl.lib.nets import make_model, make_optimizer
+from mprl.lib.nets import make_optimizer
+from mprl.lib.recurrent import make_model
 from mprl_impala.algorithm import (
     PRESETS,
     SCHEMA,

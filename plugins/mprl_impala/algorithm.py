@@ -18,6 +18,7 @@ import mprl
 from mprl import schema
 from mprl.lib.envbatch import EnvBatch, rollout_spec
 from mprl.lib.nets import ActorCritic, ActorCriticConfig, annealed_lr, field_help
+from mprl.lib.recurrent import core_field, core_size_field
 from mprl.transport import RolloutSlots, WeightBroadcast
 
 LOG_EVERY_S = 2.0  # how often the learner reports losses, rates and staleness
@@ -45,7 +46,9 @@ PRESETS = {
 def _rollout(dims: schema.Dims) -> dict[str, Any]:
     """One rollout: ``unroll`` steps of ``envs_per_worker`` environments."""
     cfg: ImpalaConfig = dims.config
-    return rollout_spec(dims.observation_space, dims.action_space, cfg.unroll, cfg.envs_per_worker)
+    return rollout_spec(
+        dims.observation_space, dims.action_space, cfg.unroll, cfg.envs_per_worker, cfg
+    )
 
 
 @attrs.frozen
@@ -86,6 +89,10 @@ class ImpalaConfig(ActorCriticConfig):
     c_bar: float = attrs.field(
         default=1.0, validator=v.gt(0.0), metadata=field_help("V-trace trace-cutting clip")
     )
+    # a recurrent core: V-trace runs over each env's rollout, the policy re-run over it from
+    # the state stored at the rollout's start
+    core: str = core_field()
+    core_size: int = core_size_field()
 
 
 SCHEMA = schema.Schema(
@@ -170,8 +177,12 @@ def update(
     obs = batch["obs"].flatten(1, 2)  # [T + 1, B * E, ...]
     actions = batch["action"].flatten(1, 2)
     t_len, n = actions.shape[:2]
-    out, values = model(obs.flatten(0, 1))
-    out, values = out.view(t_len + 1, n, -1), values.view(t_len + 1, n)
+    if "state" in batch:  # recurrent: each env's sequence replayed from its start state
+        state, dones = batch["state"].flatten(1, 2), batch["done"].flatten(1, 2)
+        out, values, _ = model.unroll(obs, state, dones)  # type: ignore[operator]
+    else:
+        out, values = model(obs.flatten(0, 1))
+        out, values = out.view(t_len + 1, n, -1), values.view(t_len + 1, n)
     logp, entropy = model.log_prob_entropy(out[:-1], actions)
     discounts = cfg.gamma * (1.0 - batch["done"].flatten(1, 2))
     vs, advantages = vtrace(

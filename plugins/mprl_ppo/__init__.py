@@ -11,7 +11,8 @@ from __future__ import annotations
 import gymnasium as gym
 
 import mprl
-from mprl.lib.nets import make_model, make_optimizer
+from mprl.lib.nets import make_optimizer
+from mprl.lib.recurrent import make_model
 from mprl_ppo.algorithm import PRESETS, SCHEMA, PPOConfig, gae, train, worker
 
 __version__ = "0.1.0"

@@ -17,6 +17,7 @@ import mprl
 from mprl import schema
 from mprl.lib.envbatch import EnvBatch, rollout_spec
 from mprl.lib.nets import MIN_LR_FRACTION, ActorCritic, ActorCriticConfig, annealed_lr, field_help
+from mprl.lib.recurrent import core_field, core_size_field, is_recurrent
 from mprl.transport import RolloutSlots, WeightBroadcast
 
 LOG_EVERY_S = 2.0  # how often the learner reports losses and rates
@@ -65,6 +66,10 @@ class PPOConfig(ActorCriticConfig):
         validator=v.gt(0.0),
         metadata=field_help("rewards are multiplied by this to learn"),
     )
+    # a recurrent core: each minibatch is whole env sequences of n_steps (minibatch_size //
+    # n_steps envs), replayed from the state stored at the rollout's start
+    core: str = core_field()
+    core_size: int = core_size_field()
 
 
 #: config by workload (``Algorithm.presets``), under the user's own values
@@ -91,7 +96,9 @@ PRESETS = {
 def _rollout(dims: schema.Dims) -> dict[str, Any]:
     """One iteration's rollout of a worker: ``n_steps`` steps of ``envs_per_worker`` envs."""
     cfg: PPOConfig = dims.config
-    return rollout_spec(dims.observation_space, dims.action_space, cfg.n_steps, cfg.envs_per_worker)
+    return rollout_spec(
+        dims.observation_space, dims.action_space, cfg.n_steps, cfg.envs_per_worker, cfg
+    )
 
 
 SCHEMA = schema.Schema(
@@ -156,21 +163,7 @@ def train(ctx: mprl.Context) -> None:
     report: dict[str, float] = {}
     while (batch := rollouts.take_batch(ctx.n_workers)) is not None:
         batch = ctx.to_device(batch)  # --device: one copy to the GPU; on the CPU, as it is
-        obs = batch["obs"].flatten(1, 2)  # [T + 1, N, ...]
-        t_len, n = batch["reward"].flatten(1, 2).shape
-        with torch.no_grad():
-            values = model.value(obs.flatten(0, 1)).view(t_len + 1, n)
-        rewards = batch["reward"].flatten(1, 2) * cfg.reward_scale
-        advantages = gae(rewards, batch["done"].flatten(1, 2), values, cfg.gamma, cfg.gae_lambda)
-        returns = advantages + values[:-1]
-        data = (
-            obs[:-1].flatten(0, 1),
-            batch["action"].flatten(1, 2).flatten(0, 1),
-            batch["logp"].flatten(1, 2).flatten(0, 1),
-            advantages.flatten(),
-            returns.flatten(),
-            values[:-1].flatten(),
-        )
+        data = _data(cfg, model, batch)
         lr = annealed_lr(cfg, ctx.env_steps)
         for group in optimizer.param_groups:
             group["lr"] = lr
@@ -183,6 +176,37 @@ def train(ctx: mprl.Context) -> None:
             last_log, updates_at_log = _log(ctx, report, weights.version, last_log, updates_at_log)
     if weights.version > updates_at_log:  # the last stretch, so short runs report too
         _log(ctx, report, weights.version, last_log, updates_at_log)
+
+
+def _data(
+    cfg: PPOConfig, model: ActorCritic, batch: dict[str, torch.Tensor]
+) -> tuple[torch.Tensor, ...]:
+    """What the updates learn from: observations, actions, old log-probabilities, advantages,
+    returns and old values, one row per sample; with a recurrent model, ``[T, N]`` sequences
+    (env ``N``'s rollout) instead, and the dones and the start states ``[k, N, size]`` too."""
+    obs = batch["obs"].flatten(1, 2)  # [T + 1, N, ...]
+    dones = batch["done"].flatten(1, 2)
+    t_len, n = dones.shape
+    with torch.no_grad():
+        if "state" in batch:
+            state = batch["state"].flatten(1, 2)  # [k, N, size]
+            values = model.unroll(obs, state, dones)[1]  # type: ignore[operator]
+        else:
+            values = model.value(obs.flatten(0, 1)).view(t_len + 1, n)
+    rewards = batch["reward"].flatten(1, 2) * cfg.reward_scale
+    advantages = gae(rewards, dones, values, cfg.gamma, cfg.gae_lambda)
+    returns = advantages + values[:-1]
+    actions, logp = batch["action"].flatten(1, 2), batch["logp"].flatten(1, 2)
+    if "state" in batch:
+        return obs[:-1], actions, logp, advantages, returns, values[:-1], dones, state
+    return (
+        obs[:-1].flatten(0, 1),
+        actions.flatten(0, 1),
+        logp.flatten(0, 1),
+        advantages.flatten(),
+        returns.flatten(),
+        values[:-1].flatten(),
+    )
 
 
 def _log(
@@ -201,39 +225,63 @@ def _update(
     data: tuple[torch.Tensor, ...],
     generator: torch.Generator,
 ) -> dict[str, float]:
-    """``cfg.epochs`` passes of minibatch updates; the last minibatch's numbers."""
-    size = data[0].shape[0]
+    """``cfg.epochs`` passes of minibatch updates; the last minibatch's numbers. With a
+    recurrent model a minibatch is whole env sequences, ``minibatch_size // T`` envs of them."""
+    recurrent = is_recurrent(model)
+    size = data[0].shape[1] if recurrent else data[0].shape[0]
+    per = max(1, cfg.minibatch_size // data[0].shape[0]) if recurrent else cfg.minibatch_size
     stats: dict[str, float] = {}
     for _ in range(cfg.epochs):
         order = torch.randperm(size, generator=generator).to(data[0].device)
-        for index in order.split(cfg.minibatch_size):
+        for index in order.split(per):
             if ctx.should_stop():  # an update of big batches takes seconds: stop in time
                 return stats
-            obs, actions, old_logp, advantages, returns, old_values = (d[index] for d in data)
-            if cfg.normalize_advantages and advantages.numel() > 1:
-                advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
-            out, values = model(obs)
-            logp, entropy = model.log_prob_entropy(out, actions)
-            ratio = (logp - old_logp).exp()
-            policy_loss = -torch.min(
-                ratio * advantages, ratio.clamp(1 - cfg.clip, 1 + cfg.clip) * advantages
-            ).mean()
-            value_error = (values - returns).pow(2)
-            if cfg.value_clip:
-                clipped = old_values + (values - old_values).clamp(-cfg.value_clip, cfg.value_clip)
-                value_error = torch.max(value_error, (clipped - returns).pow(2))
-            value_loss = 0.5 * value_error.mean()
-            entropy_mean = entropy.mean()
-            loss = policy_loss + cfg.value_coef * value_loss - cfg.entropy_coef * entropy_mean
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            grad_norm = nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
-            optimizer.step()
-            stats = {
-                "policy_loss": policy_loss.item(),
-                "value_loss": value_loss.item(),
-                "entropy": entropy_mean.item(),
-                "grad_norm": float(grad_norm),
-                "clip_fraction": ((ratio - 1).abs() > cfg.clip).float().mean().item(),
-            }
+            if recurrent:
+                obs, *rest, dones, state = (d[:, index] for d in data)
+                out, values, _ = model.unroll(obs, state, dones)  # type: ignore[operator]
+                out, values = out.flatten(0, 1), values.flatten()
+                samples = tuple(d.flatten(0, 1) for d in rest)
+            else:
+                obs, *rest = (d[index] for d in data)
+                out, values = model(obs)
+                samples = tuple(rest)
+            stats = _step(cfg, model, optimizer, out, values, *samples)
     return stats
+
+
+def _step(
+    cfg: PPOConfig,
+    model: ActorCritic,
+    optimizer: torch.optim.Optimizer,
+    out: torch.Tensor,
+    values: torch.Tensor,
+    *samples: torch.Tensor,
+) -> dict[str, float]:
+    """One clipped-PPO gradient step on a minibatch: the model's outputs and values, and the
+    samples' actions, old log-probabilities, advantages, returns and old values."""
+    actions, old_logp, advantages, returns, old_values = samples
+    if cfg.normalize_advantages and advantages.numel() > 1:
+        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+    logp, entropy = model.log_prob_entropy(out, actions)
+    ratio = (logp - old_logp).exp()
+    policy_loss = -torch.min(
+        ratio * advantages, ratio.clamp(1 - cfg.clip, 1 + cfg.clip) * advantages
+    ).mean()
+    value_error = (values - returns).pow(2)
+    if cfg.value_clip:
+        clipped = old_values + (values - old_values).clamp(-cfg.value_clip, cfg.value_clip)
+        value_error = torch.max(value_error, (clipped - returns).pow(2))
+    value_loss = 0.5 * value_error.mean()
+    entropy_mean = entropy.mean()
+    loss = policy_loss + cfg.value_coef * value_loss - cfg.entropy_coef * entropy_mean
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    grad_norm = nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+    optimizer.step()
+    return {
+        "policy_loss": policy_loss.item(),
+        "value_loss": value_loss.item(),
+        "entropy": entropy_mean.item(),
+        "grad_norm": float(grad_norm),
+        "clip_fraction": ((ratio - 1).abs() > cfg.clip).float().mean().item(),
+    }

@@ -1,0 +1,309 @@
+"""Recurrent actor-critics (an LSTM or GRU core, ``--set core=lstm``) and how workers collect
+with them: for algorithm plugins to build on (the built-in ppo and impala use them).
+
+The hidden state is carried across steps in the worker, zeroed where an episode ends, and the
+state at each rollout's start is stored in the rollout slot (the field ``state`` of
+:func:`state_spec`), so the learner replays every env's rollout as one sequence from it
+(truncated backpropagation through time over the rollout), the episode ends resetting the
+state inside the sequence exactly as in the worker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import gymnasium as gym
+import numpy as np
+import torch
+from attrs import validators as v
+from torch import nn
+
+from mprl.lib import nets
+from mprl.lib.nets import ACTIVATIONS, ActorCritic, ObsNorm, field_help
+
+if TYPE_CHECKING:
+    from mprl.lib.envbatch import EnvBatch
+
+__all__ = [
+    "CORES",
+    "RecurrentActorCritic",
+    "core_field",
+    "core_size_field",
+    "is_recurrent",
+    "make_model",
+    "recurrent_rollout",
+    "state_spec",
+]
+
+#: the cores a model can have (config field ``core``); ``none``: the feed-forward ActorCritic
+CORES = ("none", "lstm", "gru")
+
+
+def core_field() -> Any:
+    """The config field ``core`` (an attrs field) of a plugin with recurrent policies."""
+    return attrs.field(
+        default="none",
+        validator=v.in_(CORES),
+        metadata=field_help(
+            "recurrent core after the observation network: lstm or gru (hidden state carried "
+            "across steps, sequences replayed by the learner); none: feed-forward"
+        ),
+    )
+
+
+def core_size_field() -> Any:
+    """The config field ``core_size`` (an attrs field): the recurrent core's hidden size."""
+    return attrs.field(
+        default=64, validator=v.ge(1), metadata=field_help("hidden size of the recurrent core")
+    )
+
+
+def is_recurrent(model: Any) -> bool:
+    """Whether ``model`` carries a hidden state (a :class:`RecurrentActorCritic`)."""
+    return isinstance(model, RecurrentActorCritic)
+
+
+def _encoder(
+    obs_space: gym.Space, hidden: tuple[int, ...], torso: str, activation: str
+) -> tuple[nn.Module, int]:
+    """The observation network before the core, and its output size: the torso for images,
+    else ``hidden``'s layers (each with ``activation``)."""
+    kind = nets.resolve_torso(obs_space, torso)
+    if kind != "mlp":
+        build = nets.nature_cnn if kind == "nature" else nets.impala_cnn
+        return build(tuple(obs_space.shape))
+    n_in = int(np.prod(obs_space.shape))
+    layers: list[nn.Module] = [nn.Flatten(-len(obs_space.shape))] if obs_space.shape else []
+    for h in hidden:
+        layers += [nets._init(nn.Linear(n_in, h)), ACTIVATIONS[activation]()]
+        n_in = h
+    return nn.Sequential(*layers), n_in
+
+
+class RecurrentActorCritic(nn.Module):
+    """Observations -> encoder (an MLP of ``hidden``, or the image torso) -> an LSTM or GRU cell
+    of ``core_size`` -> a policy head and a value head.
+
+    The state is a tensor ``[k, N, core_size]`` (``k`` 2 for an LSTM, its h and c; 1 for a GRU).
+    :meth:`step` acts one step, :meth:`unroll` replays sequences. :meth:`act` (``mprl eval``'s
+    contract) keeps each env's state itself: :meth:`begin_episode` zeroes one env's state.
+    """
+
+    def __init__(
+        self,
+        obs_space: gym.Space,
+        act_space: gym.Space,
+        hidden: tuple[int, ...],
+        core: str = "lstm",
+        core_size: int = 64,
+        *,
+        torso: str = "auto",
+        normalize_obs: bool = False,
+        sde_every: int = 0,
+        activation: str = "tanh",
+        log_std_init: float = 0.0,
+    ) -> None:
+        super().__init__()
+        if core not in CORES[1:]:
+            raise ValueError(f"core {core!r} is not one of {', '.join(CORES[1:])}")
+        self.core_kind, self.core_size = core, core_size
+        self.encoder, n_features = _encoder(obs_space, hidden, torso, activation)
+        self.torso = self.encoder if nets.is_image(obs_space) else None  # ppo's CNN check
+        self.obs_norm = ObsNorm(tuple(obs_space.shape)) if normalize_obs else None
+        cell = nn.LSTMCell if core == "lstm" else nn.GRUCell
+        self.core = cell(n_features, core_size)
+        for name, param in self.core.named_parameters():
+            if "weight" in name:
+                nn.init.orthogonal_(param)
+            else:
+                nn.init.zeros_(param)
+        # the heads over the core's output: an ActorCritic of no hidden layer (linear heads,
+        # its action distributions, gSDE)
+        latent = gym.spaces.Box(-np.inf, np.inf, (core_size,), np.float32)
+        self.heads = ActorCritic(
+            latent, act_space, (), "mlp", False, sde_every, log_std_init=log_std_init
+        )
+        self.discrete, self.n_act = self.heads.discrete, self.heads.n_act
+        self._acting: dict[int, torch.Tensor] = {}  # act's state, by env
+
+    @property
+    def state_rows(self) -> int:
+        """``k`` of the state ``[k, N, core_size]``: 2 for an LSTM (h, c), 1 for a GRU."""
+        return 2 if self.core_kind == "lstm" else 1
+
+    def initial_state(self, n: int) -> torch.Tensor:
+        """The state of ``n`` envs at an episode's start: zeros ``[k, n, core_size]``."""
+        device = next(self.parameters()).device
+        return torch.zeros(self.state_rows, n, self.core_size, device=device)
+
+    def observe(self, obs: torch.Tensor) -> None:
+        """Fold a batch of observations into the normalisation statistics (``normalize_obs``)."""
+        if self.obs_norm is not None:
+            self.obs_norm.update(obs)
+
+    def encode(self, obs: torch.Tensor) -> torch.Tensor:
+        """Features of observations ``[..., *obs_shape]`` -> ``[..., n_features]``."""
+        if self.obs_norm is not None:
+            obs = self.obs_norm(obs)
+        if self.torso is None:
+            return self.encoder(obs)
+        lead = obs.shape[:-3]
+        return self.encoder(obs.reshape(-1, *obs.shape[-3:])).view(*lead, -1)
+
+    def _cell(self, x: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+        if self.core_kind == "lstm":
+            return torch.stack(self.core(x, (state[0], state[1])))
+        return self.core(x, state[0]).unsqueeze(0)
+
+    def step(
+        self, obs: torch.Tensor, state: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One step of ``N`` envs: ``(policy output, value, next state)``."""
+        state = self._cell(self.encode(obs), state)
+        out, value = self.heads(state[0])
+        return out, value, state
+
+    def unroll(
+        self, obs: torch.Tensor, state: torch.Tensor, dones: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Replay ``L`` steps of ``N`` envs from ``state`` (``[k, N, core_size]``, the state
+        before ``obs[0]``): ``obs`` is ``[L, N, ...]``; ``dones[t]`` (``[>= L - 1, N]``) ended
+        an episode after step ``t``, so the state is zeroed before step ``t + 1``, as the
+        worker did. Returns the policy outputs ``[L, N, ...]``, values ``[L, N]`` and the
+        state after the last step."""
+        features = self.encode(obs)
+        live = 1.0 - dones.to(features.dtype).unsqueeze(-1)
+        outputs = []
+        for t in range(obs.shape[0]):
+            if t:
+                state = state * live[t - 1]
+            state = self._cell(features[t], state)
+            outputs.append(state[0])
+        out, values = self.heads(torch.stack(outputs))
+        return out, values, state
+
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(policy output, value)`` of one step of ``N`` envs from a zero state."""
+        out, value, _ = self.step(obs, self.initial_state(obs.shape[0]))
+        return out, value
+
+    def sample(self, out: torch.Tensor) -> torch.Tensor:
+        """Actions drawn for a batch of policy outputs (:meth:`ActorCritic.sample`)."""
+        return self.heads.sample(out)
+
+    def log_prob_entropy(
+        self, out: torch.Tensor, actions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-probabilities of ``actions``, entropies (:meth:`ActorCritic.log_prob_entropy`)."""
+        return self.heads.log_prob_entropy(out, actions)
+
+    def to_env(self, actions: torch.Tensor) -> np.ndarray:
+        """Actions as the env takes them (:meth:`ActorCritic.to_env`)."""
+        return self.heads.to_env(actions)
+
+    def begin_episode(self, env: int, playing: bool = True) -> None:
+        """For :meth:`act`: env ``env`` starts an episode (its state is zeroed) or, with
+        ``playing`` false, plays no more (its row leaves :meth:`act`'s batches)."""
+        if playing:
+            self._acting[env] = self.initial_state(1)
+        else:
+            self._acting.pop(env, None)
+
+    def act(self, obs: torch.Tensor, deterministic: bool = False) -> np.ndarray:
+        """Actions for a batch of observations, as the env takes them, each env's state kept
+        here: the rows are the envs playing (:meth:`begin_episode`) in index order. A batch of
+        another size than the envs known starts from zero states, one env per row."""
+        if len(self._acting) != obs.shape[0]:
+            self._acting = {j: self.initial_state(1) for j in range(obs.shape[0])}
+        envs = sorted(self._acting)
+        with torch.no_grad():
+            state = torch.cat([self._acting[j] for j in envs], 1)
+            out, _, state = self.step(obs, state)
+            if not deterministic:
+                actions = self.sample(out)
+            else:
+                actions = out.argmax(-1) if self.discrete else out[..., : self.n_act]
+        for row, j in enumerate(envs):
+            self._acting[j] = state[:, row : row + 1]
+        return self.to_env(actions)
+
+
+def make_model(obs_space: gym.Space, act_space: gym.Space, config: Any) -> nn.Module:
+    """A :class:`RecurrentActorCritic` where ``config.core`` names one (``lstm``, ``gru``), else
+    :func:`mprl.lib.nets.make_model`'s :class:`ActorCritic` (an ``Algorithm.make_model``)."""
+    core = getattr(config, "core", "none")
+    if core == "none":
+        return nets.make_model(obs_space, act_space, config)
+    return RecurrentActorCritic(
+        obs_space,
+        act_space,
+        config.hidden,
+        core,
+        getattr(config, "core_size", 64),
+        torso=getattr(config, "torso", "auto"),
+        normalize_obs=getattr(config, "normalize_obs", False),
+        sde_every=getattr(config, "sde_every", 0),
+        activation=getattr(config, "activation", "tanh"),
+        log_std_init=getattr(config, "log_std_init", 0.0),
+    )
+
+
+def state_spec(config: Any, envs: int) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """The rollout spec's field ``state`` (the hidden state at the rollout's start,
+    ``[k, envs, core_size]``) for a config with a recurrent ``core``; none for ``core=none``."""
+    core = getattr(config, "core", "none")
+    if core == "none":
+        return {}
+    rows = 2 if core == "lstm" else 1
+    return {"state": ((rows, envs, getattr(config, "core_size", 64)), torch.float32)}
+
+
+class _StateValues:
+    """What :meth:`EnvBatch._learned` asks for the truncation bootstrap: the values of the
+    last observations of the envs ``ids``, each with the state its step left."""
+
+    def __init__(self, model: RecurrentActorCritic, state: torch.Tensor, ids: Sequence[int]):
+        self.model, self.state, self.ids = model, state, list(ids)
+
+    def value(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.model.step(obs, self.state[:, self.ids])[1]
+
+
+def recurrent_rollout(envs: EnvBatch, model: RecurrentActorCritic, slot: dict) -> None:
+    """:meth:`EnvBatch.rollout` with a recurrent model: the state each env's step leaves is
+    carried to its next step, zeroed where the episode ended; the state at the rollout's
+    start goes to ``slot["state"]``. A fresh :class:`EnvBatch` (a new or restarted worker, a
+    resumed run) starts from zero states."""
+    steps = slot["action"].shape[0]
+    state = envs.state if envs.state is not None else model.initial_state(envs.n)
+    slot["state"].copy_(state)
+    obs, actions, logps, rewards, dones = [], [], [], [], []
+    for _ in range(steps):
+        with torch.no_grad():
+            out, _, state = model.step(envs.obs, state)
+            action = model.sample(out)
+            logp, _ = model.log_prob_entropy(out, action)
+        obs.append(envs.obs)
+        actions.append(action)
+        logps.append(logp)
+        reward, done, ends = envs.advance(model.to_env(action))
+        cut = [(i, o) for i, o, terminated in ends if not terminated]
+        bootstrap = _StateValues(model, state, [i for i, _ in cut])
+        reward, done = envs._learned(bootstrap, reward, done, cut)  # type: ignore[arg-type]
+        envs.beat()
+        if len(ends):  # a new episode starts from a zero state
+            live = torch.ones(envs.n)
+            live[[i for i, _, _ in ends]] = 0.0
+            state = state * live.unsqueeze(-1)
+        rewards.append(reward)
+        dones.append(done)
+    obs.append(envs.obs)
+    envs.state = state
+    torch.stack(obs, out=slot["obs"])
+    torch.stack(actions, out=slot["action"])
+    torch.stack(logps, out=slot["logp"])
+    slot["reward"].numpy()[:] = rewards
+    slot["done"].numpy()[:] = dones
+    envs.ctx.add_steps(steps * envs.n)
