@@ -13,6 +13,7 @@ import gymnasium as gym
 from mprl import deprecated
 from mprl.errors import PluginError, UsageError
 from mprl.schema import Schema
+from mprl.spaces import agents_of
 
 if TYPE_CHECKING:
     import torch
@@ -23,6 +24,8 @@ ModelFactory = Callable[[gym.Space, gym.Space, Any], "torch.nn.Module"]
 OptimizerFactory = Callable[[Iterable["torch.nn.Parameter"], Any], "torch.optim.Optimizer"]
 NamedOptimizerFactory = Callable[["torch.nn.Module", Any], "torch.optim.Optimizer"]
 ProcessFunction = Callable[["Context"], None]
+#: what :attr:`Algorithm.agents` may be
+AGENTS = ("single", "multi", "any")
 
 __getattr__ = deprecated.forward(__name__)  # 0.1.0's SharedFactory: what replaced it
 
@@ -91,6 +94,8 @@ def _validate(instance: Algorithm, attribute: attrs.Attribute, value: Any) -> No
             if not (isinstance(name, str) and name.isidentifier()):
                 raise PluginError(f"{where}: name {name!r} must be a Python identifier")
             check_importable(make, f"{where}[{name!r}]")
+    elif attribute.name == "agents" and value not in AGENTS:
+        raise PluginError(f"{where} must be one of {', '.join(map(repr, AGENTS))}, got {value!r}")
     elif attribute.name == "schema" and not isinstance(value, Schema):
         raise PluginError(f"{where} must be an mprl.schema.Schema, got {value!r}")
 
@@ -119,6 +124,9 @@ class Algorithm:
     :param observation_spaces: the observation space types it supports (default: any).
     :param default_env: the environment used when ``--env`` is not given.
     :param description: one line shown by ``python -m mprl plugins``.
+    :param agents: the envs it takes: ``"single"`` (gymnasium's, one agent), ``"multi"`` (several
+        agents, PettingZoo's parallel API: observations an :class:`mprl.spaces.AgentBox`) or
+        ``"any"``.
     :param presets: config values by workload, ``{"atari": {...}, "mujoco": {...}}``, applied
         under the user's own (a TOML file, ``--set``) when the env is one
         (:func:`mprl.host.envs.workload`): the settings that work there, as rl-zoo and cleanrl
@@ -140,12 +148,14 @@ class Algorithm:
     default_env: str = "CartPole-v1"
     description: str = ""
     presets: Mapping[str, Mapping[str, Any]] = attrs.field(factory=dict, converter=dict)
+    agents: str = attrs.field(default="single", validator=_validate)
 
     def supports(self, action_space: gym.Space) -> bool:
         return isinstance(action_space, self.action_spaces)
 
     def check_spaces(self, env: str, observation_space: gym.Space, action_space: gym.Space) -> None:
         """Raise :class:`UsageError` naming the space of ``env`` this algorithm cannot take."""
+        self._check_agents(env, observation_space)
         for what, space, allowed in (
             ("observation", observation_space, self.observation_spaces),
             ("action", action_space, self.action_spaces),
@@ -162,3 +172,18 @@ class Algorithm:
                     f"algorithm {self.name!r} does not support the {what} space of {env!r} "
                     f"({type(space).__name__}); it supports: {names}{fix}"
                 )
+
+    def _check_agents(self, env: str, observation_space: gym.Space) -> None:
+        agents = agents_of(observation_space)
+        if self.agents == "single" and agents is not None:
+            raise UsageError(
+                f"algorithm {self.name!r} takes single-agent environments, and {env!r} has "
+                f"{len(agents)} agents ({', '.join(agents)}): run a multi-agent algorithm "
+                "(--plugin mappo or ippo; `python -m mprl plugins` marks them)"
+            )
+        if self.agents == "multi" and agents is None:
+            raise UsageError(
+                f"algorithm {self.name!r} takes multi-agent environments (PettingZoo's parallel "
+                f"API, e.g. --env mpe2:simple_spread_v3), and {env!r} has one agent: run a "
+                "single-agent algorithm (--plugin ppo, a3c, ...)"
+            )

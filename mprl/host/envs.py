@@ -3,6 +3,8 @@ built-in implementation of that hook (gymnasium's registry), a plugin registered
 
 from __future__ import annotations
 
+import ast
+import importlib
 import warnings
 from collections.abc import Callable, Generator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -28,7 +30,12 @@ MUJOCO_EXTRA = 'pip install "mprl[mujoco]"'
 
 @hookimpl(trylast=True)
 def mprl_make_env(env_id: str, render_mode: str | None) -> gym.Env:
-    kwargs = {} if render_mode is None else {"render_mode": render_mode}  # old envs take none
+    env_id, kwargs = split_env_id(env_id)
+    if render_mode is not None:  # old envs take none
+        kwargs["render_mode"] = render_mode
+    parallel = pettingzoo_module(env_id)
+    if parallel is not None:
+        return make_parallel(env_id, parallel, kwargs)
     if is_atari(env_id):
         return make_atari(env_id, **kwargs)
     try:
@@ -40,6 +47,58 @@ def mprl_make_env(env_id: str, render_mode: str | None) -> gym.Env:
         if "mujoco" in str(exc).lower():
             raise UsageError(f"environment {env_id!r} runs on MuJoCo: {MUJOCO_EXTRA}") from None
         raise
+
+
+def split_env_id(env_id: str) -> tuple[str, dict[str, Any]]:
+    """``"mpe2:simple_spread_v3(N=5, max_cycles=50)"`` -> the id and the env's keyword
+    arguments (Python literals: numbers, strings, booleans, None, tuples); an id without
+    parentheses has none. A bad argument list is a :class:`UsageError` naming it."""
+    name, paren, rest = env_id.partition("(")
+    if not paren:
+        return env_id, {}
+    where = f"environment {env_id!r}"
+    if not rest.endswith(")"):
+        raise UsageError(f"{where}: keyword arguments go in parentheses at the end, e.g. "
+                         f"{name.strip()}(N=5, max_cycles=50)")  # fmt: skip
+    try:
+        call = ast.parse(f"f({rest}", mode="eval").body
+        assert isinstance(call, ast.Call)
+        if call.args:
+            raise UsageError(f"{where}: name each argument (key=value)")
+        return name.strip(), {k.arg: ast.literal_eval(k.value) for k in call.keywords if k.arg}
+    except (SyntaxError, ValueError) as exc:
+        raise UsageError(
+            f"{where}: its arguments must be key=value with Python literals (numbers, "
+            f"'strings', True/False, None): {exc}"
+        ) from None
+
+
+def pettingzoo_module(env_id: str) -> Any:
+    """The module of a PettingZoo env named ``package:env`` (``mpe2:simple_spread_v3``,
+    ``pettingzoo.sisl:multiwalker_v9``), or ``None`` when ``env_id`` names none (a gymnasium
+    ``module:Env-v0`` id is gymnasium's)."""
+    package, colon, name = env_id.partition(":")
+    if not colon or not name.isidentifier():
+        return None
+    try:
+        module = importlib.import_module(f"{package}.{name}")
+    except ImportError:
+        return None
+    return module if hasattr(module, "parallel_env") or hasattr(module, "env") else None
+
+
+def make_parallel(env_id: str, module: Any, kwargs: dict[str, Any]) -> gym.Env:
+    """The PettingZoo env ``module.parallel_env(**kwargs)`` as one gymnasium env
+    (:class:`mprl.lib.marl.AgentEnv`); an AEC-only module is refused, saying how to convert."""
+    from mprl.lib.marl import AEC_FIX, AgentEnv
+
+    if not hasattr(module, "parallel_env"):
+        raise UsageError(f"environment {env_id!r} has only PettingZoo's AEC API: {AEC_FIX}")
+    try:
+        env = module.parallel_env(**kwargs)
+    except TypeError as exc:
+        raise UsageError(f"environment {env_id!r}: {exc}") from None
+    return AgentEnv(env, env_id)
 
 
 def _mujoco_warnings_to_python() -> None:
@@ -149,6 +208,7 @@ def make_env(
             raise PluginError(f"plugin {impl.plugin_name!r}: mprl_make_env failed: {exc}") from exc
         if env is None:
             continue
+        env = _as_gym(env, env_id, impl.plugin_name)
         if not isinstance(env, gym.Env):
             raise PluginError(
                 f"plugin {impl.plugin_name!r}: mprl_make_env returned {type(env).__name__}, "
@@ -156,6 +216,19 @@ def make_env(
             )
         return env
     raise UsageError(f"no plugin could create environment {env_id!r}")
+
+
+def _as_gym(env: Any, env_id: str, plugin: str) -> Any:
+    """A PettingZoo env a plugin returned, as mprl takes it: a parallel one adapted, an AEC
+    one refused (saying how to convert it)."""
+    from mprl.lib import marl
+
+    if marl.is_aec(env):
+        raise PluginError(
+            f"plugin {plugin!r}: mprl_make_env returned the PettingZoo AEC env "
+            f"{type(env).__name__} for {env_id!r}: {marl.AEC_FIX}"
+        )
+    return marl.AgentEnv(env, env_id) if marl.is_parallel_env(env) else env
 
 
 class EnvFactory:

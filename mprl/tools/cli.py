@@ -283,8 +283,14 @@ def _cmd_plugins(args: argparse.Namespace) -> int:
         }
         print(json.dumps(data, indent=2))
         return 0
+    registered = pm.algorithms()
+
+    def label(name: str) -> str:
+        algo = registered[name][1] if name in registered else None
+        return f"{name} (multi-agent)" if algo is not None and algo.agents == "multi" else name
+
     for info in infos:
-        algos = ", ".join(info.algorithms) or "-"
+        algos = ", ".join(map(label, info.algorithms)) or "-"
         print(f"{info.name}  ({info.distribution} {info.version})")
         print(f"    algorithms: {algos}")
         if info.backends:

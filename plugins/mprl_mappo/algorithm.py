@@ -1,0 +1,349 @@
+"""MAPPO and independent PPO for cooperative multi-agent envs (Yu et al. 2022, "The Surprising
+Effectiveness of PPO in Cooperative Multi-Agent Games"): workers collect whole-team rollouts
+``[T, envs, agents, ...]`` (:class:`mprl.lib.marl.AgentBatch`), one train process runs clipped
+PPO with GAE per agent and publishes the new weights, as the ppo plugin does for one agent.
+
+The actor sees its agent's own observation (and the agent's one-hot id); the critic sees the
+global state (mappo, ``critic=central``) or the agent's own observation (ippo,
+``critic=local``). ``share_params`` gives every agent the same actor and critic (the id tells
+them apart) or each agent its own.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from typing import Any
+
+import attrs
+import gymnasium as gym
+import numpy as np
+import torch
+from attrs import validators as v
+from torch import nn
+from torch.nn import functional as F
+
+import mprl
+from mprl import schema
+from mprl.lib.marl import AgentBatch, agent_rollout_spec
+from mprl.lib.nets import field_help, merge_moments, mlp
+from mprl.spaces import AgentBox
+from mprl.transport import RolloutSlots, WeightBroadcast
+from mprl_ppo import gae
+
+LOG_EVERY_S = 2.0  # how often the learner reports losses and rates
+
+
+@attrs.frozen
+class MAPPOConfig:
+    """MAPPO's hyperparameters; the defaults are the MAPPO paper's for MPE (its Table 13-14:
+    lr 7e-4, 10 epochs of one minibatch, clip 0.2, gamma 0.99, GAE lambda 0.95, entropy 0.01,
+    gradient norm 10, Huber value loss, value normalisation), with an MLP policy."""
+
+    envs_per_worker: int = attrs.field(
+        default=16,
+        validator=v.ge(1),
+        metadata=field_help("environments each worker steps together"),
+    )
+    n_steps: int = attrs.field(
+        default=25, validator=v.ge(1), metadata=field_help("steps per environment per iteration")
+    )
+    gamma: float = attrs.field(
+        default=0.99, validator=[v.gt(0.0), v.le(1.0)], metadata=field_help("discount factor")
+    )
+    gae_lambda: float = attrs.field(
+        default=0.95, validator=[v.ge(0.0), v.le(1.0)], metadata=field_help("GAE lambda")
+    )
+    lr: float = attrs.field(default=7e-4, validator=v.gt(0.0), metadata=field_help("Adam lr"))
+    epochs: int = attrs.field(
+        default=10, validator=v.ge(1), metadata=field_help("passes over each iteration's data")
+    )
+    minibatches: int = attrs.field(
+        default=1, validator=v.ge(1), metadata=field_help("minibatches per pass")
+    )
+    clip: float = attrs.field(
+        default=0.2, validator=v.gt(0.0), metadata=field_help("policy ratio clip range")
+    )
+    entropy_coef: float = attrs.field(
+        default=0.01, validator=v.ge(0.0), metadata=field_help("weight of the entropy bonus")
+    )
+    value_coef: float = attrs.field(
+        default=1.0, validator=v.ge(0.0), metadata=field_help("weight of the value loss")
+    )
+    huber_delta: float = attrs.field(
+        default=10.0, validator=v.gt(0.0), metadata=field_help("the value loss's Huber delta")
+    )
+    max_grad_norm: float = attrs.field(
+        default=10.0, validator=v.gt(0.0), metadata=field_help("gradient norm clip per update")
+    )
+    hidden: tuple[int, ...] = attrs.field(
+        default=(64, 64),
+        converter=tuple,
+        validator=v.deep_iterable(v.and_(v.instance_of(int), v.gt(0))),
+        metadata=field_help("hidden layer sizes of the actor and critic MLPs"),
+    )
+    critic: str = attrs.field(
+        default="central",
+        validator=v.in_(("central", "local")),
+        metadata=field_help(
+            "what the critic sees: central (the global state: MAPPO) or local (the agent's own "
+            "observation: independent PPO)"
+        ),
+    )
+    share_params: bool = attrs.field(
+        default=True,
+        metadata=field_help("one actor and critic for all agents (with an agent-id input)"),
+    )
+    value_norm: bool = attrs.field(
+        default=True, metadata=field_help("learn values normalised by the returns' running std")
+    )
+    log_std_init: float = attrs.field(
+        default=-0.5, metadata=field_help("continuous actions: the policy's log std at start")
+    )
+
+
+@attrs.frozen
+class IPPOConfig(MAPPOConfig):
+    """Independent PPO: MAPPO's settings with a critic on each agent's own observation."""
+
+    critic: str = attrs.field(
+        default="local",
+        validator=v.in_(("central", "local")),
+        metadata=field_help("what the critic sees: local (own observation) or central"),
+    )
+
+
+class AgentsModel(nn.Module):
+    """Actors and critics of ``A`` agents: their inputs carry the agent's one-hot id; with
+    ``share_params`` one network each serves every agent, else each agent has its own."""
+
+    def __init__(self, obs_space: AgentBox, act_space: gym.Space, cfg: MAPPOConfig) -> None:
+        super().__init__()
+        self.n_agents, features = obs_space.shape
+        self.discrete = isinstance(act_space, gym.spaces.MultiDiscrete)
+        n_out = int(act_space.nvec[0]) if self.discrete else int(act_space.shape[1])
+        self.central = cfg.critic == "central"
+        critic_in = (obs_space.state.shape[0] if self.central else features) + self.n_agents
+        copies = 1 if cfg.share_params else self.n_agents
+        self.actors = nn.ModuleList(
+            mlp(features + self.n_agents, cfg.hidden, n_out, 0.01) for _ in range(copies)
+        )
+        self.critics = nn.ModuleList(mlp(critic_in, cfg.hidden, 1, 1.0) for _ in range(copies))
+        if not self.discrete:
+            self.log_std = nn.Parameter(torch.full((self.n_agents, n_out), cfg.log_std_init))
+            self.register_buffer("low", torch.as_tensor(act_space.low, dtype=torch.float32))
+            self.register_buffer("high", torch.as_tensor(act_space.high, dtype=torch.float32))
+        self.register_buffer("eye", torch.eye(self.n_agents))
+        # running moments of the value targets (MAPPO's value normalisation)
+        self.register_buffer("ret_moments", torch.tensor([0.0, 1.0, 1e-4]))
+
+    def _per_agent(self, nets: nn.ModuleList, x: torch.Tensor) -> torch.Tensor:
+        """``x [..., A, in]`` through each agent's net (or the shared one), ``[..., A, out]``."""
+        x = torch.cat([x, self.eye.expand(*x.shape[:-1], self.n_agents)], -1)
+        if len(nets) == 1:
+            return nets[0](x)
+        return torch.stack([net(x[..., i, :]) for i, net in enumerate(nets)], -2)
+
+    def policy(self, obs: torch.Tensor) -> torch.Tensor:
+        """Logits (or Gaussian means) ``[..., A, n]`` of ``obs [..., A, features]``."""
+        return self._per_agent(self.actors, obs)
+
+    def value(self, obs: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+        """Each agent's normalised value ``[..., A]``; the critic sees ``state [..., S]``
+        (central) or the agent's ``obs`` (local)."""
+        if self.central:
+            x = state.unsqueeze(-2).expand(*state.shape[:-1], self.n_agents, state.shape[-1])
+        else:
+            x = obs
+        return self._per_agent(self.critics, x).squeeze(-1)
+
+    def denormalize(self, value: torch.Tensor) -> torch.Tensor:
+        mean, var, _ = self.ret_moments
+        return value * var.sqrt() + mean
+
+    def normalize(self, returns: torch.Tensor) -> torch.Tensor:
+        mean, var, _ = self.ret_moments
+        return (returns - mean) / var.sqrt()
+
+    def observe_returns(self, returns: torch.Tensor) -> None:
+        mean, var, count = self.ret_moments.tolist()
+        moments = merge_moments(
+            mean, var, count, returns.mean().item(), returns.var(unbiased=False).item(),
+            returns.numel(),
+        )  # fmt: skip
+        self.ret_moments.copy_(torch.tensor(moments))
+
+    def distribution(self, out: torch.Tensor) -> torch.distributions.Distribution:
+        if self.discrete:
+            return torch.distributions.Categorical(logits=out)
+        std = self.log_std.expand_as(out).exp()
+        return torch.distributions.Independent(torch.distributions.Normal(out, std), 1)
+
+    def act(self, obs: torch.Tensor, deterministic: bool = False) -> np.ndarray:
+        """Every agent's action for a batch ``obs [B, A, features]``, as the env takes them."""
+        with torch.no_grad():
+            out = self.policy(obs.float())
+            if deterministic:
+                actions = out.argmax(-1) if self.discrete else out
+            else:
+                actions = self.distribution(out).sample()
+        return self.to_env(actions)
+
+    def to_env(self, actions: torch.Tensor) -> np.ndarray:
+        if self.discrete:
+            return actions.numpy()
+        return torch.max(torch.min(actions, self.high), self.low).numpy()
+
+
+def make_model(obs_space: gym.Space, act_space: gym.Space, config: MAPPOConfig) -> nn.Module:
+    return AgentsModel(obs_space, act_space, config)  # type: ignore[arg-type]
+
+
+def make_optimizer(params: Any, config: MAPPOConfig) -> torch.optim.Optimizer:
+    return torch.optim.Adam(params, lr=config.lr, eps=1e-5)
+
+
+def _rollout(dims: schema.Dims) -> dict[str, Any]:
+    cfg: MAPPOConfig = dims.config
+    return agent_rollout_spec(
+        dims.observation_space, dims.action_space, cfg.n_steps, cfg.envs_per_worker
+    )
+
+
+SCHEMA = schema.Schema(
+    rollouts=schema.Rollouts(_rollout, slots_per_worker=1),  # one rollout per policy version
+    weights=schema.Weights(),
+)
+
+
+def worker(ctx: mprl.Context) -> None:
+    """Each iteration: wait for the newest weights, fill this worker's slot with ``n_steps``
+    steps of ``envs_per_worker`` multi-agent envs, hand it over."""
+    cfg: MAPPOConfig = ctx.config
+    rollouts: RolloutSlots = ctx.state.rollouts
+    weights: WeightBroadcast = ctx.state.weights
+    local: AgentsModel = copy.deepcopy(ctx.model)  # type: ignore[assignment]
+    envs = AgentBatch(ctx, cfg.envs_per_worker, cfg.gamma)
+
+    def act(obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        dist = local.distribution(local.policy(obs))
+        actions = dist.sample()
+        return actions, dist.log_prob(actions)
+
+    def value(states: torch.Tensor) -> torch.Tensor:  # a cut episode's last states: [k, A]
+        if not local.central:  # a local critic needs the observations: no bootstrap value
+            return torch.zeros(states.shape[0], local.n_agents)
+        return local.denormalize(local.value(torch.empty(0), states))
+
+    while (index := rollouts.acquire()) is not None:
+        slot = rollouts.slot(index)
+        if weights.wait(int(slot["version"])) is None:
+            break
+        version = weights.pull(local)
+        envs.rollout(act, value, slot)
+        slot["version"].fill_(version)
+        rollouts.commit(index)
+    envs.close()
+
+
+def train(ctx: mprl.Context) -> None:
+    """Each iteration: every worker's rollout, ``epochs`` passes of clipped-PPO updates over
+    them (each agent's advantages by GAE, losses over the agents that acted), the new
+    weights published (which releases the workers)."""
+    cfg: MAPPOConfig = ctx.config
+    rollouts: RolloutSlots = ctx.state.rollouts
+    weights: WeightBroadcast = ctx.state.weights
+    model: AgentsModel = ctx.model  # type: ignore[assignment]
+    optimizer = ctx.optimizer
+    assert optimizer is not None
+    generator = torch.Generator().manual_seed(ctx.seed)
+    last_log, updates_at_log = time.monotonic(), weights.version
+    report: dict[str, float] = {}
+    while (batch := rollouts.take_batch(ctx.n_workers)) is not None:
+        data = _prepare(cfg, model, ctx.to_device(batch))
+        with weights.publishing(model):
+            report = _update(ctx, cfg, model, optimizer, data, generator) or report
+        if time.monotonic() - last_log >= LOG_EVERY_S:
+            now = time.monotonic()
+            rate = (weights.version - updates_at_log) / max(now - last_log, 1e-9)
+            ctx.log(**report, iterations_per_s=rate)
+            last_log, updates_at_log = now, weights.version
+    if weights.version > updates_at_log and report:  # the last stretch, so short runs report
+        ctx.log(**report)
+
+
+def _prepare(
+    cfg: MAPPOConfig, model: AgentsModel, batch: dict[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """The samples of one iteration, one row per (step, env): advantages and value targets
+    by GAE per agent (an episode's end stops them for all its agents)."""
+    # [T, workers, envs, ...] -> [T, workers x envs, ...]; the slots' versions left out
+    flat = {k: t.flatten(1, 2) for k, t in batch.items() if t.dim() >= 3}
+    t_len, n, a = flat["reward"].shape
+    with torch.no_grad():
+        values = model.denormalize(model.value(flat["obs"], flat["state"]))  # [T + 1, N, A]
+    dones = flat["done"].unsqueeze(-1).expand(t_len, n, a)
+    advantages = gae(
+        flat["reward"].reshape(t_len, -1), dones.reshape(t_len, -1), values.reshape(t_len + 1, -1),
+        cfg.gamma, cfg.gae_lambda,
+    ).view(t_len, n, a)  # fmt: skip
+    returns = advantages + values[:-1]
+    alive = flat["alive"] > 0
+    if cfg.value_norm and alive.any():
+        model.observe_returns(returns[alive])
+    rows = {
+        "obs": flat["obs"][:-1], "state": flat["state"][:-1], "action": flat["action"],
+        "logp": flat["logp"], "advantage": advantages, "return": returns,
+        "alive": flat["alive"],
+    }  # fmt: skip
+    return {k: t.flatten(0, 1) for k, t in rows.items()}
+
+
+def _update(
+    ctx: mprl.Context,
+    cfg: MAPPOConfig,
+    model: AgentsModel,
+    optimizer: torch.optim.Optimizer,
+    data: dict[str, torch.Tensor],
+    generator: torch.Generator,
+) -> dict[str, float]:
+    """``cfg.epochs`` passes of ``cfg.minibatches`` clipped-PPO minibatches; the last one's
+    numbers."""
+    size = data["obs"].shape[0]
+    mask = data["alive"]
+    adv = data["advantage"]
+    live = mask > 0
+    if live.sum() > 1:  # normalised over the agents that acted
+        adv = (adv - adv[live].mean()) / (adv[live].std() + 1e-8)
+    targets = model.normalize(data["return"]) if cfg.value_norm else data["return"]
+    stats: dict[str, float] = {}
+    batch = math.ceil(size / cfg.minibatches)
+    for _ in range(cfg.epochs):
+        for index in torch.randperm(size, generator=generator).split(batch):
+            if ctx.should_stop():
+                return stats
+            m = mask[index]
+            denom = m.sum().clamp(min=1.0)
+            dist = model.distribution(model.policy(data["obs"][index]))
+            logp = dist.log_prob(data["action"][index])
+            ratio = (logp - data["logp"][index]).exp()
+            a = adv[index]
+            surrogate = torch.min(ratio * a, ratio.clamp(1 - cfg.clip, 1 + cfg.clip) * a)
+            policy_loss = -(surrogate * m).sum() / denom
+            entropy = (dist.entropy() * m).sum() / denom
+            values = model.value(data["obs"][index], data["state"][index])
+            error = F.huber_loss(values, targets[index], reduction="none", delta=cfg.huber_delta)
+            value_loss = (error * m).sum() / denom
+            loss = policy_loss + cfg.value_coef * value_loss - cfg.entropy_coef * entropy
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+            optimizer.step()
+            stats = {
+                "policy_loss": policy_loss.item(), "value_loss": value_loss.item(),
+                "entropy": entropy.item(), "grad_norm": float(grad_norm),
+                "clip_fraction": (((ratio - 1).abs() > cfg.clip).float() * m).sum().item()
+                / denom.item(),
+            }  # fmt: skip
+    return stats
