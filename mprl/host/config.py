@@ -155,8 +155,12 @@ def build(cls: type, values: Mapping[str, Any], source: str = "config") -> Any:
     for key, value in values.items():
         key = key.replace("-", "_")
         if key not in fields:
+            # a recurrent core is the built-in ppo's and impala's only: say where it is
+            recurrent = key in ("core", "core_size")
+            where = "; recurrent policies (core=lstm|gru): --plugin ppo or impala" if recurrent else ""
             raise ConfigError(
                 f"{source}: unknown field {key!r}; known fields: {', '.join(sorted(fields))}"
+                + where
             )
         tp = fields[key].type
         try:
