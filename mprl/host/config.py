@@ -157,7 +157,8 @@ def build(cls: type, values: Mapping[str, Any], source: str = "config") -> Any:
         if key not in fields:
             # a recurrent core is the built-in ppo's and impala's only: say where it is
             recurrent = key in ("core", "core_size")
-            where = "; recurrent policies (core=lstm|gru): --plugin ppo or impala" if recurrent else ""
+            where = "; recurrent policies (core=lstm|gru): --plugin ppo or impala"
+            where = where if recurrent else ""
             raise ConfigError(
                 f"{source}: unknown field {key!r}; known fields: {', '.join(sorted(fields))}"
                 + where
