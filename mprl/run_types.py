@@ -77,6 +77,14 @@ class RunConfig:
         validator=_positive_or_none,
         metadata={"help": "stop after this many env steps (default: when solved)"},
     )
+    target_return: float | None = attrs.field(
+        default=None,
+        metadata={
+            "help": "solved when the mean return of the last 100 episodes reaches this "
+            "(default: the env's reward threshold; envs without one, such as MPE's, run to "
+            "--total-steps or --max-time)"
+        },
+    )
     start_interval: float = attrs.field(
         default=0.0, validator=v.ge(0), metadata={"help": "seconds to sleep between worker starts"}
     )

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import ast
 import importlib
+import importlib.util
+import sysconfig
 import warnings
 from collections.abc import Callable, Generator, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
@@ -174,11 +177,26 @@ def imports_code(env_id: str) -> bool:
     return ":" in env_id
 
 
+def _installed(module: str) -> bool:
+    """Whether ``module`` is installed in this Python's site-packages (``pip install mpe2``), not
+    found in the working directory or on a path a file could point at."""
+    try:
+        spec = importlib.util.find_spec(module.split(".")[0])
+    except (ImportError, ValueError):
+        return False
+    origin = getattr(spec, "origin", None)
+    if not origin:
+        return False
+    site = {sysconfig.get_paths()[k] for k in ("purelib", "platlib")}
+    return any(Path(origin).resolve().is_relative_to(Path(p).resolve()) for p in site)
+
+
 def check_trusted(env_id: str, source: str, given: str | None) -> None:
     """Refuse an env id read from ``source`` (a checkpoint) that would import a module to be
-    made, unless the user gave the same id: opening a file from elsewhere must not run code."""
-    if imports_code(env_id) and given != env_id:
-        module = env_id.split(":", 1)[0]
+    made, unless the user gave the same id or the module is installed in site-packages (``pip
+    install mpe2``): opening a file from elsewhere must not run code."""
+    module = env_id.split(":", 1)[0]
+    if imports_code(env_id) and given != env_id and not _installed(module):
         raise UsageError(
             f"{source} names the environment {env_id!r}, which imports the Python module "
             f"{module!r} to be made: that runs code from wherever {module!r} is found. If you "

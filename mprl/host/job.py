@@ -337,6 +337,8 @@ def prepare_job(
         raise UsageError(f"no plugin given; installed: {installed}")
     plugin_name, algo, cfg, run_cfg = resolve(plugin, pm, config, options)
     obs_space, act_space, threshold = _spaces(pm, run_cfg.env)
+    if run_cfg.target_return is not None:
+        threshold = run_cfg.target_return
     algo.check_spaces(run_cfg.env, obs_space, act_space)
     dims = Dims(run_cfg.workers, obs_space, act_space, cfg)
     algo.schema.check_dims(dims)

@@ -275,3 +275,25 @@ class AgentBatch:
     def close(self) -> None:
         for env in self.envs:
             env.close()
+
+
+class AgentReturns(gym.Wrapper):
+    """Each finished episode's per-agent returns (``info["agent_rewards"]`` summed), in
+    ``self.returns``: one row per episode, in the order they ended (``mprl eval``)."""
+
+    def __init__(self, env: gym.Env) -> None:
+        super().__init__(env)
+        self.returns: list[list[float]] = []
+        self._sums: np.ndarray | None = None
+
+    def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
+        self._sums = None
+        return self.env.reset(**kwargs)
+
+    def step(self, action: Any) -> tuple[Any, Any, bool, bool, dict[str, Any]]:
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        rewards = np.asarray(info["agent_rewards"], np.float64)
+        self._sums = rewards if self._sums is None else self._sums + rewards
+        if terminated or truncated:
+            self.returns.append(self._sums.tolist())
+        return obs, reward, terminated, truncated, info

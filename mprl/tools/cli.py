@@ -145,6 +145,11 @@ def _add_plot(sub: Any) -> None:
         "--window", type=int, default=100, metavar="N",
         help="episodes in the moving mean of returns [default 100]",
     )  # fmt: skip
+    plot.add_argument(
+        "--metric", dest="metrics", action="append", default=[], metavar="NAME",
+        help="plot this logged value instead of the return (repeatable), e.g. tom_accuracy, "
+        "policy_loss; 'agents': each agent's return of a multi-agent run",
+    )  # fmt: skip
 
 
 def _add_eval(sub: Any) -> None:
@@ -311,7 +316,9 @@ def _cmd_plugins(args: argparse.Namespace) -> int:
 def _cmd_plot(args: argparse.Namespace) -> int:
     from mprl.tools.report import plot_runs
 
-    out = plot_runs(args.run_dirs, args.out, labels=args.labels, window=args.window)
+    out = plot_runs(
+        args.run_dirs, args.out, labels=args.labels, window=args.window, metrics=args.metrics
+    )
     print(f"mprl: wrote {out}")
     return 0
 
@@ -330,6 +337,9 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         f"length {r['mean_length']:.1f} ± {r['std_length']:.1f}; written to {r['written_to']}"
         + (f"; videos in {r['video_dir']}" if r["video_dir"] else "")
     )
+    if r.get("agents"):  # a multi-agent env: the return above is the team's (agents' mean)
+        each = ", ".join(f"{a} {v['mean_return']:.1f}" for a, v in r["agents"].items())
+        print(f"    per agent: {each}")
     return 0
 
 

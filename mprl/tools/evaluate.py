@@ -17,6 +17,8 @@ from mprl.host.envs import make_env, play_episodes
 from mprl.host.loading import Checkpoint, checked_env, resolved, restored
 from mprl.host.plugins import PluginManager, get_plugin_manager
 from mprl.host.rundir import atomic_write
+from mprl.lib.marl import AgentReturns
+from mprl.spaces import agents_of
 
 
 def evaluate(
@@ -58,6 +60,9 @@ def evaluate(
             env = RecordVideo(
                 env, str(video_dir), episode_trigger=lambda _: True, name_prefix="eval"
             )
+        agents = agents_of(env.observation_space)
+        if agents is not None:
+            env = AgentReturns(env)
         returns, lengths = _play(env, env_id, _policy(loaded), episodes, deterministic, seed)
     finally:
         env.close()
@@ -70,6 +75,7 @@ def evaluate(
         "deterministic": deterministic,
         "seed": seed,
         **_statistics(returns, lengths),
+        **(_per_agent(agents, env.returns) if isinstance(env, AgentReturns) else {}),
         "video_dir": str(video_dir) if video_dir is not None else None,
     }
     atomic_write(target, lambda f: f.write((json.dumps(result, indent=2) + "\n").encode()))
@@ -86,6 +92,18 @@ def _play(
             return play_episodes([env], act, episodes, deterministic, seed)
         except gym.error.DependencyNotInstalled as exc:  # rendering needs e.g. pygame
             raise UsageError(f"--video: {env_id} cannot render frames: {exc}") from None
+
+
+def _per_agent(agents: tuple[str, ...], returns: list[list[float]]) -> dict[str, Any]:
+    """Each agent's mean return and returns, for a multi-agent env (whose ``returns`` are the
+    team's: the mean of the agents')."""
+    columns = list(zip(*returns, strict=True))
+    return {
+        "agents": {
+            name: {"mean_return": statistics.fmean(col), "returns": list(col)}
+            for name, col in zip(agents, columns, strict=True)
+        }
+    }
 
 
 def _statistics(returns: list[float], lengths: list[int]) -> dict[str, Any]:

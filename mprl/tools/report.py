@@ -44,6 +44,9 @@ class Run:
     summary: dict[str, Any] | None = None
     episodes: list[tuple[int, float, float]] = field(default_factory=list)
     evals: list[tuple[int, float, float, float]] = field(default_factory=list)
+    #: by name, the ``(step, wall, value)`` of each record holding that metric, for the
+    #: names :func:`read_run` was asked for (``metrics``)
+    series: dict[str, list[tuple[int, float, float]]] = field(default_factory=dict)
     last_step: int | None = None  # the last "step" of any metrics record
     last_wall: float | None = None  # the last "wall" of any metrics record
 
@@ -97,22 +100,24 @@ def is_run_dir(path: str | Path) -> bool:
     return (p / "config.json").is_file() or (p / "summary.json").is_file()
 
 
-def read_run(path: str | Path, label: str | None = None) -> Run:
+def read_run(path: str | Path, label: str | None = None, metrics: Sequence[str] = ()) -> Run:
     """Read a run directory: ``config.json``, ``summary.json`` (if written) and the episodes of
     ``metrics.jsonl``.
 
     Lines of ``metrics.jsonl`` that do not decode (the half-written last line of a run that was
     killed, which a resumed session leaves as a line of its own) are skipped. Episodes are in
     the order they finished (their ``wall`` stamps), not the order the processes' batched
-    records reached the file. ``label`` defaults to the directory's name.
+    records reached the file. ``label`` defaults to the directory's name. ``metrics`` names
+    other values to collect into ``series`` (``tom_accuracy``); ``"agents"`` stands for each
+    agent's return of a multi-agent run (``return_<agent>``).
 
     :raises UsageError: ``path`` is not a run directory (neither ``metrics.jsonl`` nor
         ``summary.json``), or one of its JSON files is unreadable.
     """
     p = Path(path)
-    metrics = p / "metrics.jsonl"
+    metrics_file = p / "metrics.jsonl"
     try:
-        found = p.is_dir() and (metrics.is_file() or (p / "summary.json").is_file())
+        found = p.is_dir() and (metrics_file.is_file() or (p / "summary.json").is_file())
     except OSError as exc:  # a name longer than the file system allows
         raise UsageError(f"cannot read {str(p)!r}: {exc.strerror or exc}") from None
     if not found:
@@ -126,13 +131,13 @@ def read_run(path: str | Path, label: str | None = None) -> Run:
         config=_readable(p / "config.json") or {},  # damaged: what the rest holds still counts
         summary=_readable(p / "summary.json"),
     )
-    if not metrics.is_file():
+    if not metrics_file.is_file():
         return run
     try:
-        with metrics.open("rb") as f:
+        with metrics_file.open("rb") as f:
             lines = f.read().splitlines()
     except OSError as exc:
-        raise UsageError(f"cannot read {str(metrics)!r}: {exc}") from None
+        raise UsageError(f"cannot read {str(metrics_file)!r}: {exc}") from None
     for line in lines:
         try:
             record = json.loads(line)
@@ -149,6 +154,8 @@ def read_run(path: str | Path, label: str | None = None) -> Run:
             count = record.get("episode_count", 1)  # summed-up episodes count as many
             count = count if isinstance(count, int) and count > 0 else 1
             run.episodes.extend([(int(step), float(wall), float(ret))] * count)
+        if metrics:
+            _collect(run.series, record, metrics, int(step), float(wall))
         mean, std = record.get("eval_return_mean"), record.get("eval_return_std", 0.0)
         if record.get("source") == "eval" and _finite(mean):
             std = float(std) if _finite(std) else 0.0
@@ -156,6 +163,19 @@ def read_run(path: str | Path, label: str | None = None) -> Run:
     run.episodes.sort(key=lambda episode: episode[1])  # stable: ties keep the file's order
     run.evals.sort(key=lambda evaluation: evaluation[0])
     return run
+
+
+def _collect(
+    series: dict[str, list[tuple[int, float, float]]],
+    record: dict[str, Any],
+    metrics: Sequence[str],
+    step: int,
+    wall: float,
+) -> None:
+    for key, value in record.items():
+        wanted = key in metrics or ("agents" in metrics and key.startswith("return_"))
+        if wanted and _finite(value):
+            series.setdefault(key, []).append((step, wall, float(value)))
 
 
 def _finite(value: Any) -> bool:
@@ -195,7 +215,10 @@ def _default_labels(runs: Sequence[Run]) -> list[str]:
 
 
 def build_figure(
-    runs: Sequence[Run], labels: Sequence[str] | None = None, window: int = 100
+    runs: Sequence[Run],
+    labels: Sequence[str] | None = None,
+    window: int = 100,
+    metrics: Sequence[str] = (),
 ) -> Figure:
     """The learning-curve figure of ``runs``: the mean of the last ``window`` episode returns
     against env steps (left) and wall seconds (right), one line per run, and each env's reward
@@ -206,6 +229,9 @@ def build_figure(
     The figure is not attached to pyplot (nothing global changes); it has an Agg canvas, so
     ``fig.savefig`` works headless.
 
+    With ``metrics`` (the runs read with them), each of those series of each run is drawn
+    instead (its moving mean over ``window`` records), and no threshold.
+
     :raises UsageError: no runs, a run without episodes, ``labels`` not one per run, or
         ``window`` < 1; matplotlib is missing.
     """
@@ -215,6 +241,8 @@ def build_figure(
     fig = Figure(figsize=(12, 4.8), layout="constrained")
     FigureCanvasAgg(fig)
     by_steps, by_wall = fig.subplots(1, 2, sharey=True)
+    if metrics:
+        return _metric_figure(by_steps, by_wall, runs, names, window, fig)
     for run, name in zip(runs, names, strict=True):
         color = None
         if run.episodes:
@@ -244,6 +272,27 @@ def build_figure(
         ax.grid(True, alpha=0.3)
     by_steps.set_title("return vs env steps")
     by_wall.set_title("return vs wall time")
+    by_steps.legend(loc="best", fontsize="small")
+    return fig
+
+
+def _metric_figure(
+    by_steps: Any, by_wall: Any, runs: Sequence[Run], names: list[str], window: int, fig: Any
+) -> Any:
+    """:func:`build_figure` of the runs' ``series``: one line per run and metric."""
+    for run, name in zip(runs, names, strict=True):
+        if not run.series:
+            raise UsageError(f"run {str(run.path)!r} has none of the metrics asked for")
+        for key, points in sorted(run.series.items()):
+            steps, walls, values = zip(*points, strict=True)
+            mean = rolling_mean(values, window)
+            (line,) = by_steps.plot(steps, mean, label=f"{name}: {key}", linewidth=1.2)
+            by_wall.plot(walls, mean, color=line.get_color(), linewidth=1.2)
+    by_steps.set_xlabel("env steps")
+    by_wall.set_xlabel("wall time (s)")
+    by_steps.set_ylabel(f"mean of the last {window} records")
+    for ax in (by_steps, by_wall):
+        ax.grid(True, alpha=0.3)
     by_steps.legend(loc="best", fontsize="small")
     return fig
 
@@ -282,6 +331,7 @@ def plot_runs(
     out_path: str | Path,
     labels: Sequence[str] | None = None,
     window: int = 100,
+    metrics: Sequence[str] = (),
 ) -> Path:
     """Plot the learning curves of ``run_dirs`` into ``out_path`` and return its path.
 
@@ -308,8 +358,8 @@ def plot_runs(
             f"cannot write {str(out)!r}: directory {str(out.parent)!r} does not exist; create it "
             "or give another -o"
         )
-    runs = [read_run(d) for d in run_dirs]
-    fig = build_figure(runs, labels=labels, window=window)
+    runs = [read_run(d, metrics=metrics) for d in run_dirs]
+    fig = build_figure(runs, labels=labels, window=window, metrics=metrics)
     try:
         fig.savefig(out, format=fmt, dpi=100)
     except OSError as exc:
