@@ -138,6 +138,12 @@ def read_run(path: str | Path, label: str | None = None, metrics: Sequence[str] 
             lines = f.read().splitlines()
     except OSError as exc:
         raise UsageError(f"cannot read {str(metrics_file)!r}: {exc}") from None
+    _add_records(run, lines, metrics)
+    return run
+
+
+def _add_records(run: Run, lines: list[bytes], metrics: Sequence[str]) -> None:
+    """The episodes, evaluations and ``metrics`` of ``metrics.jsonl``'s ``lines`` into ``run``."""
     for line in lines:
         try:
             record = json.loads(line)
@@ -162,7 +168,6 @@ def read_run(path: str | Path, label: str | None = None, metrics: Sequence[str] 
             run.evals.append((int(step), float(wall), float(mean), std))
     run.episodes.sort(key=lambda episode: episode[1])  # stable: ties keep the file's order
     run.evals.sort(key=lambda evaluation: evaluation[0])
-    return run
 
 
 def _collect(

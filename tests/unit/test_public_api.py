@@ -49,6 +49,7 @@ MODULES: dict[str, tuple[str, ...] | None] = {
     "mprl": None,
     "mprl.errors": None,
     "mprl.schema": None,
+    "mprl.spaces": None,
     "mprl.transport": None,
     "mprl.testing": None,
     **{f"mprl.lib.{m.name}": None for m in pkgutil.iter_modules(mprl.lib.__path__)},
