@@ -1,0 +1,543 @@
+"""ToM2C, the program mprl grew from, as a third-party mprl plugin: cooperating agents with a
+recurrent policy and a theory-of-mind (ToM) head, on Cooperative Navigation
+(``--env mpe2:simple_spread_v3``).
+
+Wang et al., ICLR 2022, "ToM2C: Target-oriented Multi-agent Communication and Cooperation with
+Theory of Mind". Each agent keeps a GRU over its own observations (reset at an episode's start)
+and, for every other agent, a ToM net that infers which landmark that agent is heading for;
+its actor chooses from its hidden state and those inferred goals, a centralized critic values
+the global state. N workers play whole episodes and hand them over; ONE train process trains
+the ToM nets (optimizer ``ToM``: cross-entropy against the landmark each agent is nearest to at
+the episode's end) and the policy (optimizer ``Policy``: PPO on the whole episodes), and
+publishes the new weights. The seed's Manager control state (``train_modes``, ``n_iters``,
+``curr_env_steps``, ``ToM_count`` and the histories) is the schema's, updated once per
+iteration.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import attrs
+import gymnasium as gym
+import numpy as np
+import torch
+from attrs import validators as v
+from torch import nn
+from torch.nn import functional as F
+
+import mprl
+from mprl import schema
+from mprl.errors import ConfigError
+from mprl.lib.nets import field_help, merge_moments, mlp
+from mprl.spaces import AgentBox, agents_of
+
+__version__ = "0.1.0"
+
+#: ``train_modes`` values: a worker playing its episodes, a worker whose episodes wait for the
+#: learner (the seed's ``-10``)
+COLLECTING, WAITING = 1, -10
+
+
+@attrs.frozen
+class Config:
+    """ToM2C's hyperparameters, sized for Cooperative Navigation on a few CPU cores."""
+
+    envs_per_worker: int = attrs.field(
+        default=8, validator=v.ge(1), metadata=field_help("episodes each worker plays per iteration")
+    )
+    max_steps: int = attrs.field(
+        default=25,
+        validator=v.ge(1),
+        metadata=field_help("steps an episode may last (the env's max_cycles); longer ones are cut"),
+    )
+    landmarks: int = attrs.field(
+        default=0,
+        validator=v.ge(0),
+        metadata=field_help("landmarks in an observation; 0: as many as agents (simple_spread)"),
+    )
+    hidden: int = attrs.field(
+        default=64, validator=v.ge(1), metadata=field_help("GRU and MLP width of the policy")
+    )
+    tom_hidden: int = attrs.field(
+        default=32, validator=v.ge(1), metadata=field_help("GRU width of each ToM net")
+    )
+    lr: float = attrs.field(default=7e-4, validator=v.gt(0.0), metadata=field_help("Policy lr"))
+    tom_lr: float = attrs.field(default=1e-3, validator=v.gt(0.0), metadata=field_help("ToM lr"))
+    gamma: float = attrs.field(
+        default=0.99, validator=[v.gt(0.0), v.le(1.0)], metadata=field_help("discount factor")
+    )
+    gae_lambda: float = attrs.field(
+        default=0.95, validator=[v.ge(0.0), v.le(1.0)], metadata=field_help("GAE lambda")
+    )
+    epochs: int = attrs.field(
+        default=5, validator=v.ge(1), metadata=field_help("PPO passes over each batch")
+    )
+    clip: float = attrs.field(
+        default=0.2, validator=v.gt(0.0), metadata=field_help("policy ratio clip range")
+    )
+    entropy_coef: float = attrs.field(
+        default=0.01, validator=v.ge(0.0), metadata=field_help("weight of the entropy bonus")
+    )
+    value_coef: float = attrs.field(
+        default=1.0, validator=v.ge(0.0), metadata=field_help("weight of the value loss")
+    )
+    max_grad_norm: float = attrs.field(
+        default=10.0, validator=v.gt(0.0), metadata=field_help("gradient norm clip, per optimizer")
+    )
+
+
+# -- Cooperative Navigation's observation: [own vel (2), own pos (2), landmarks - own pos (2 L),
+#    other agents - own pos (2 (A - 1), in agent order without oneself), communication]
+
+
+def landmarks_of(n_agents: int, config: Config) -> int:
+    return config.landmarks or n_agents
+
+
+def landmark_offsets(obs: torch.Tensor, landmarks: int) -> torch.Tensor:
+    """Where each landmark is from the observing agent: ``[..., L, 2]``."""
+    return obs[..., 4 : 4 + 2 * landmarks].unflatten(-1, (landmarks, 2))
+
+
+def other_offsets(obs: torch.Tensor, landmarks: int, others: int) -> torch.Tensor:
+    """Where each other agent is from the observing agent: ``[..., A - 1, 2]``."""
+    start = 4 + 2 * landmarks
+    return obs[..., start : start + 2 * others].unflatten(-1, (others, 2))
+
+
+def nearest_landmark(obs: torch.Tensor, landmarks: int) -> torch.Tensor:
+    """The landmark each observing agent is nearest to: ``obs [..., F]`` -> ``[...]``."""
+    return landmark_offsets(obs, landmarks).norm(dim=-1).argmin(-1)
+
+
+def others_index(n_agents: int) -> torch.Tensor:
+    """``[A, A - 1]``: row ``i`` lists the other agents in the order agent ``i`` sees them."""
+    return torch.tensor([[j for j in range(n_agents) if j != i] for i in range(n_agents)])
+
+
+def tom_targets(goals: torch.Tensor) -> torch.Tensor:
+    """What each agent's ToM should infer: ``goals [..., A]`` (the landmark each agent went
+    for) -> ``[..., A, A - 1]``, the goals of the others as each agent sees them."""
+    index = others_index(goals.shape[-1]).to(goals.device)
+    return goals[..., index]
+
+
+def pair_features(obs: torch.Tensor, landmarks: int) -> torch.Tensor:
+    """What agent ``i`` observes of each other agent ``j``: ``j``'s offset, the landmarks'
+    offsets from ``j`` and their distances: ``obs [..., A, F]`` -> ``[..., A, A - 1, 2 + 3 L]``."""
+    others = obs.shape[-2] - 1
+    rel = other_offsets(obs, landmarks, others)  # [..., A, P, 2]
+    from_j = landmark_offsets(obs, landmarks).unsqueeze(-3) - rel.unsqueeze(-2)  # [.., P, L, 2]
+    return torch.cat([rel, from_j.flatten(-2), from_j.norm(dim=-1)], -1)
+
+
+class ToMNet(nn.Module):
+    """Each agent's theory of mind: for every other agent, a GRU over what it observes of
+    that agent (and its own hidden state) and a categorical over the landmarks it may be
+    heading for."""
+
+    def __init__(self, landmarks: int, hidden: int, tom_hidden: int) -> None:
+        super().__init__()
+        self.landmarks = landmarks
+        self.embed = nn.Sequential(nn.Linear(2 + 3 * landmarks + hidden, tom_hidden), nn.ReLU())
+        self.rnn = nn.GRUCell(tom_hidden, tom_hidden)
+        self.head = nn.Linear(tom_hidden, landmarks)
+
+    def forward(
+        self, obs: torch.Tensor, h: torch.Tensor, g: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``obs [B, A, F]``, the agents' hidden states ``h [B, A, H]`` (not trained through
+        here) and the ToM states ``g [B, A, A - 1, G]`` -> goal logits ``[B, A, A - 1, L]`` and
+        the new ToM states."""
+        pairs = pair_features(obs, self.landmarks)
+        own = h.detach().unsqueeze(-2).expand(*pairs.shape[:-1], h.shape[-1])
+        x = self.embed(torch.cat([pairs, own], -1))
+        g = self.rnn(x.flatten(0, -2), g.flatten(0, -2)).view_as(g)
+        return self.head(g), g
+
+
+class ToM2CModel(nn.Module):
+    """The agents' shared recurrent actor (its input: the agent's observation and one-hot id,
+    then its GRU state and the goals its ToM infers for the others), their ToM nets, and a
+    centralized critic on the global state (one value per agent)."""
+
+    def __init__(self, obs_space: AgentBox, act_space: gym.Space, cfg: Config) -> None:
+        super().__init__()
+        self.n_agents, features = obs_space.shape
+        self.landmarks = landmarks_of(self.n_agents, cfg)
+        others = self.n_agents - 1
+        self.hidden, self.tom_hidden = cfg.hidden, cfg.tom_hidden
+        self.encoder = nn.Sequential(nn.Linear(features + self.n_agents, cfg.hidden), nn.ReLU())
+        self.rnn = nn.GRUCell(cfg.hidden, cfg.hidden)
+        self.tom = ToMNet(self.landmarks, cfg.hidden, cfg.tom_hidden)
+        n_actions = int(act_space.nvec[0])
+        self.actor = mlp(cfg.hidden + others * self.landmarks, (cfg.hidden,), n_actions, 0.01)
+        state = obs_space.state.shape[0]
+        self.critic = mlp(state + self.n_agents, (cfg.hidden, cfg.hidden), 1, 1.0)
+        self.register_buffer("eye", torch.eye(self.n_agents))
+        # running moments of the value targets: the critic learns them normalised
+        self.register_buffer("ret_moments", torch.tensor([0.0, 1.0, 1e-4]))
+
+    def policy_parameters(self) -> list[nn.Parameter]:
+        """What optimizer ``Policy`` trains: everything but the ToM nets."""
+        tom = {id(p) for p in self.tom.parameters()}
+        return [p for p in self.parameters() if id(p) not in tom]
+
+    def initial(self, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The hidden states of ``batch`` teams at an episode's start (zeros)."""
+        device = self.eye.device
+        h = torch.zeros(batch, self.n_agents, self.hidden, device=device)
+        g = torch.zeros(batch, self.n_agents, self.n_agents - 1, self.tom_hidden, device=device)
+        return h, g
+
+    def step(
+        self, obs: torch.Tensor, h: torch.Tensor, g: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One step of ``B`` teams: ``obs [B, A, F]`` -> action logits ``[B, A, n]``, ToM
+        goal logits ``[B, A, A - 1, L]``, and the new ``h`` and ``g``."""
+        x = torch.cat([obs, self.eye.expand(obs.shape[0], -1, -1)], -1)
+        h = self.rnn(self.encoder(x).flatten(0, 1), h.flatten(0, 1)).view_as(h)
+        tom_logits, g = self.tom(obs, h, g)
+        goals = torch.softmax(tom_logits, -1).detach().flatten(-2)  # the inferred goals
+        return self.actor(torch.cat([h, goals], -1)), tom_logits, h, g
+
+    def unroll(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Whole episodes from their start: ``obs [T, B, A, F]`` -> action logits
+        ``[T, B, A, n]`` and ToM goal logits ``[T, B, A, A - 1, L]``."""
+        h, g = self.initial(obs.shape[1])
+        logits, toms = [], []
+        for t in range(obs.shape[0]):
+            out, tom, h, g = self.step(obs[t], h, g)
+            logits.append(out)
+            toms.append(tom)
+        return torch.stack(logits), torch.stack(toms)
+
+    def value(self, state: torch.Tensor) -> torch.Tensor:
+        """Each agent's normalised value ``[..., A]`` of the global ``state [..., S]``."""
+        x = state.unsqueeze(-2).expand(*state.shape[:-1], self.n_agents, state.shape[-1])
+        return self.critic(torch.cat([x, self.eye.expand(*x.shape[:-1], -1)], -1)).squeeze(-1)
+
+    def denormalize(self, value: torch.Tensor) -> torch.Tensor:
+        mean, var, _ = self.ret_moments
+        return value * var.sqrt() + mean
+
+    def normalize(self, returns: torch.Tensor) -> torch.Tensor:
+        mean, var, _ = self.ret_moments
+        return (returns - mean) / var.sqrt()
+
+    def observe_returns(self, returns: torch.Tensor) -> None:
+        mean, var, count = self.ret_moments.tolist()
+        batch = (returns.mean().item(), returns.var(unbiased=False).item(), returns.numel())
+        self.ret_moments.copy_(torch.tensor(merge_moments(mean, var, count, *batch)))
+
+
+def make_model(obs_space: gym.Space, act_space: gym.Space, config: Config) -> nn.Module:
+    if agents_of(obs_space) is None or len(obs_space.shape) != 2:
+        raise ConfigError(f"tom2c needs a multi-agent env, got {obs_space}")
+    n_agents, features = obs_space.shape
+    landmarks = landmarks_of(n_agents, config)
+    need = 4 + 2 * landmarks + 2 * (n_agents - 1)
+    if n_agents < 2 or features < need:
+        raise ConfigError(
+            f"tom2c reads Cooperative Navigation's observations (own velocity and position, "
+            f"{landmarks} landmarks, the other agents: {need} features for {n_agents} agents) "
+            f"and needs 2 agents or more; this env has {n_agents} agents of {features} "
+            "features (set landmarks=... for another count of landmarks)"
+        )
+    return ToM2CModel(obs_space, act_space, config)  # type: ignore[arg-type]
+
+
+def make_policy_optimizer(model: ToM2CModel, config: Config) -> torch.optim.Optimizer:
+    return torch.optim.Adam(model.policy_parameters(), lr=config.lr, eps=1e-5)
+
+
+def make_tom_optimizer(model: ToM2CModel, config: Config) -> torch.optim.Optimizer:
+    return torch.optim.Adam(model.tom.parameters(), lr=config.tom_lr)
+
+
+def rollout_spec(dims: schema.Dims) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """One worker's whole episodes, ``T = max_steps``, ``E = envs_per_worker``: ``obs``
+    ``[T + 1, E, A, F]`` and ``state`` ``[T + 1, E, S]`` (row ``length`` the episode's last,
+    repeated after it), per agent ``action``, ``logp``, ``reward`` ``[T, E, A]``, ``mask``
+    ``[T, E]`` (1.0 while the episode runs), and per episode ``goal`` ``[1, E, A]`` (the
+    landmark each agent is nearest to at its end), ``length`` and ``terminal`` ``[1, E]``."""
+    cfg: Config = dims.config
+    t, e = cfg.max_steps, cfg.envs_per_worker
+    a, f = dims.observation_space.shape
+    return {
+        "obs": ((t + 1, e, a, f), torch.float32),
+        "state": ((t + 1, e, *dims.observation_space.state.shape), torch.float32),
+        "action": ((t, e, a), torch.int64),
+        "logp": ((t, e, a), torch.float32),
+        "reward": ((t, e, a), torch.float32),
+        "mask": ((t, e), torch.float32),
+        "goal": ((1, e, a), torch.int64),
+        "length": ((1, e), torch.int64),
+        "terminal": ((1, e), torch.float32),
+    }
+
+
+SCHEMA = schema.Schema(
+    rollouts=schema.Rollouts(rollout_spec, slots_per_worker=1),  # whole episodes, per worker
+    weights=schema.Weights(),  # the learner's model, published after each update
+    # the seed's control state (Manager objects, changed once per iteration)
+    train_modes=schema.PerWorker(COLLECTING),  # COLLECTING, or WAITING for the learner
+    n_iters=schema.PerWorker(0),  # batches of episodes each worker handed over
+    curr_env_steps=schema.PerWorker(0),  # env steps each worker handed over
+    ToM_count=schema.PerWorker(0),  # ToM targets (episodes x agents x others) per worker
+    ToM_history=schema.List(),  # the learner's ToM loss, per update
+    Policy_history=schema.List(),  # its policy loss, per update
+    step_history=schema.List(),  # the run's env steps at each update
+    loss_history=schema.List(),  # its total loss (policy + value + ToM), per update
+    lock=schema.Lock(),  # the learner's histories change together
+)
+
+
+# -- the workers ---------------------------------------------------------------------------
+
+
+class Episodes:
+    """A worker's envs, each playing one whole episode per iteration into a rollout slot."""
+
+    def __init__(self, ctx: mprl.Context, cfg: Config) -> None:
+        self.ctx, self.cfg = ctx, cfg
+        self.envs = [ctx.make_env(i) for i in range(cfg.envs_per_worker)]
+        space = self.envs[0].observation_space
+        self.keys = [f"return_{a}" for a in agents_of(space) or ()]
+        self.landmarks = landmarks_of(space.shape[0], cfg)
+
+    def play(self, model: ToM2CModel, slot: dict[str, torch.Tensor]) -> int | None:
+        """Fill ``slot`` with one whole episode of each env; the env steps taken, ``None``
+        once the run stops."""
+        for name in ("reward", "mask", "action", "logp"):
+            slot[name].zero_()
+        starts = [env.reset() for env in self.envs]
+        obs = torch.as_tensor(np.stack([o for o, _ in starts]))
+        state = torch.as_tensor(np.stack([i["state"] for _, i in starts]))
+        running = np.ones(len(self.envs), bool)
+        returns = np.zeros((len(self.envs), obs.shape[1]))
+        h, g = model.initial(len(self.envs))
+        t = 0
+        while running.any() and t < self.cfg.max_steps:
+            if self.ctx.should_stop():
+                return None
+            slot["obs"][t], slot["state"][t] = obs, state
+            with torch.no_grad():
+                logits, _, h, g = model.step(obs, h, g)
+                dist = torch.distributions.Categorical(logits=logits)
+                actions = dist.sample()
+            slot["action"][t], slot["logp"][t] = actions, dist.log_prob(actions)
+            slot["mask"][t] = torch.as_tensor(running, dtype=torch.float32)
+            obs, state = obs.clone(), state.clone()
+            for e in np.flatnonzero(running):
+                o, _, terminated, truncated, info = self.envs[e].step(actions[e].numpy())
+                obs[e], state[e] = torch.as_tensor(o), torch.as_tensor(info["state"])
+                slot["reward"][t, e] = torch.as_tensor(info["agent_rewards"])
+                returns[e] += info["agent_rewards"]
+                if terminated or truncated:
+                    running[e] = False
+                    slot["terminal"][0, e] = float(terminated)
+                    slot["length"][0, e] = t + 1
+            t += 1
+        return self._finish(slot, obs, state, running, returns, t)
+
+    def _finish(
+        self, slot: dict[str, torch.Tensor], obs: torch.Tensor, state: torch.Tensor,
+        running: np.ndarray, returns: np.ndarray, t: int,
+    ) -> int:  # fmt: skip
+        """The episodes' last rows, goals and lengths (one cut at ``max_steps`` ends there),
+        each one logged; the env steps taken."""
+        for e in np.flatnonzero(running):  # cut by max_steps: not terminal
+            slot["terminal"][0, e] = 0.0
+            slot["length"][0, e] = t
+        slot["obs"][t:], slot["state"][t:] = obs, state
+        slot["goal"][0] = nearest_landmark(obs, self.landmarks)
+        lengths = slot["length"][0].tolist()
+        for e, length in enumerate(lengths):
+            per_agent = dict(zip(self.keys, returns[e].tolist(), strict=True))
+            self.ctx.log_episode(float(returns[e].mean()), length, **per_agent)
+        return int(sum(lengths))
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()
+
+
+def worker(ctx: mprl.Context) -> None:
+    """Each iteration: wait for the newest weights, play one whole episode in each env, hand
+    the episodes over, and count them in the control state."""
+    cfg: Config = ctx.config
+    rollouts, weights, state = ctx.state.rollouts, ctx.state.weights, ctx.state
+    local: ToM2CModel = copy.deepcopy(ctx.model)  # type: ignore[assignment]
+    episodes = Episodes(ctx, cfg)
+    pairs = local.n_agents * (local.n_agents - 1)
+    while (index := rollouts.acquire()) is not None:
+        slot = rollouts.slot(index)
+        if weights.wait(int(slot["version"])) is None:
+            break
+        version = weights.pull(local)
+        state.train_modes[ctx.rank] = COLLECTING
+        steps = episodes.play(local, slot)
+        if steps is None:
+            break
+        slot["version"].fill_(version)
+        ctx.add_steps(steps)
+        rollouts.commit(index)
+        state.n_iters[ctx.rank] += 1
+        state.curr_env_steps[ctx.rank] += steps
+        state.ToM_count[ctx.rank] += cfg.envs_per_worker * pairs
+        state.train_modes[ctx.rank] = WAITING
+    episodes.close()
+
+
+# -- the learner ---------------------------------------------------------------------------
+
+
+def advantages(
+    reward: torch.Tensor, value: torch.Tensor, mask: torch.Tensor, terminal: torch.Tensor,
+    gamma: float, lam: float,
+) -> torch.Tensor:  # fmt: skip
+    """GAE per agent over whole episodes: ``reward [T, B, A]``, ``value [T + 1, B, A]`` (row
+    ``length`` the value where the episode ended), ``mask [T, B]``, ``terminal [B]``. The
+    last step of an episode bootstraps from the value where it ended unless it terminated."""
+    t_len = reward.shape[0]
+    out = torch.zeros_like(reward)
+    last = torch.zeros_like(reward[0])
+    for t in reversed(range(t_len)):
+        following = mask[t + 1] if t + 1 < t_len else torch.zeros_like(mask[t])
+        end = mask[t] * (1 - following)  # the episode's last step
+        bootstrap = value[t + 1] * (1 - end * terminal).unsqueeze(-1)
+        delta = reward[t] + gamma * bootstrap - value[t]
+        last = delta + gamma * lam * following.unsqueeze(-1) * last
+        out[t] = last * mask[t].unsqueeze(-1)
+    return out
+
+
+def prepare(cfg: Config, model: ToM2CModel, batch: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """One iteration's episodes, ``[T, W, E, ...]`` -> ``[T, B, ...]``: advantages and value
+    targets per agent, and the ToM targets ``[B, A, A - 1]``."""
+    flat = {k: t.flatten(1, 2) for k, t in batch.items() if t.dim() >= 3}
+    with torch.no_grad():
+        values = model.denormalize(model.value(flat["state"]))  # [T + 1, B, A]
+    adv = advantages(
+        flat["reward"], values, flat["mask"], flat["terminal"][0], cfg.gamma, cfg.gae_lambda
+    )
+    returns = adv + values[:-1]
+    live = flat["mask"] > 0
+    model.observe_returns(returns[live])
+    adv_live = adv[live]
+    adv = (adv - adv_live.mean()) / (adv_live.std() + 1e-8)
+    return {
+        "obs": flat["obs"][:-1], "state": flat["state"][:-1], "action": flat["action"],
+        "logp": flat["logp"], "advantage": adv, "return": returns, "mask": flat["mask"],
+        "tom_target": tom_targets(flat["goal"][0]),
+    }  # fmt: skip
+
+
+def tom_terms(
+    tom_logits: torch.Tensor, data: dict[str, Any], landmarks: int
+) -> tuple[torch.Tensor, float, float]:
+    """The ToM loss (cross-entropy over every step, agent and other agent of the episodes),
+    its accuracy, and the accuracy of guessing each agent's nearest landmark at that step."""
+    mask = data["mask"]
+    target = data["tom_target"].unsqueeze(0).expand(tom_logits.shape[:-1])
+    weight = mask[..., None, None].expand_as(target)
+    ce = F.cross_entropy(tom_logits.flatten(0, -2), target.flatten(), reduction="none")
+    loss = (ce * weight.flatten()).sum() / weight.sum()
+    hits = (tom_logits.argmax(-1) == target).float()
+    accuracy = ((hits * weight).sum() / weight.sum()).item()
+    now = tom_targets(nearest_landmark(data["obs"], landmarks))  # [T, B, A, A - 1]
+    baseline = ((now == target).float() * weight).sum() / weight.sum()
+    return loss, accuracy, baseline.item()
+
+
+def update(
+    cfg: Config, model: ToM2CModel, optimizers: dict[str, torch.optim.Optimizer],
+    data: dict[str, Any], should_stop: Any,
+) -> dict[str, float]:  # fmt: skip
+    """``cfg.epochs`` passes over the whole episodes: PPO for the policy and critic (optimizer
+    ``Policy``) and cross-entropy for the ToM nets (optimizer ``ToM``), one gradient step each
+    per pass. Returns the first pass's ToM accuracy (before training on these episodes) and
+    the last pass's losses."""
+    stats: dict[str, float] = {}
+    mask = data["mask"].unsqueeze(-1).expand_as(data["advantage"])
+    denom = mask.sum().clamp(min=1.0)
+    targets = model.normalize(data["return"])
+    for epoch in range(cfg.epochs):
+        if should_stop():
+            break
+        logits, tom_logits = model.unroll(data["obs"])
+        dist = torch.distributions.Categorical(logits=logits)
+        ratio = (dist.log_prob(data["action"]) - data["logp"]).exp()
+        a = data["advantage"]
+        surrogate = torch.min(ratio * a, ratio.clamp(1 - cfg.clip, 1 + cfg.clip) * a)
+        policy_loss = -(surrogate * mask).sum() / denom
+        entropy = (dist.entropy() * mask).sum() / denom
+        error = F.huber_loss(model.value(data["state"]), targets, reduction="none", delta=10.0)
+        value_loss = (error * mask).sum() / denom
+        tom_loss, accuracy, baseline = tom_terms(tom_logits, data, model.landmarks)
+        loss = policy_loss + cfg.value_coef * value_loss - cfg.entropy_coef * entropy
+        for opt in optimizers.values():
+            opt.zero_grad(set_to_none=True)
+        (loss + tom_loss).backward()  # the two never share a gradient: ToM inputs are detached
+        nn.utils.clip_grad_norm_(model.policy_parameters(), cfg.max_grad_norm)
+        nn.utils.clip_grad_norm_(model.tom.parameters(), cfg.max_grad_norm)
+        for opt in optimizers.values():
+            opt.step()
+        if epoch == 0:
+            stats.update(tom_accuracy=accuracy, tom_nearest_now=baseline)
+        stats.update(
+            policy_loss=policy_loss.item(), value_loss=value_loss.item(),
+            entropy=entropy.item(), tom_loss=tom_loss.item(),
+            loss=loss.item() + tom_loss.item(),
+        )  # fmt: skip
+    return stats
+
+
+def record(ctx: mprl.Context, stats: dict[str, float]) -> None:
+    """An update's numbers: the histories (under the lock), the workers released to collect,
+    and the metrics (``tom_accuracy`` among them)."""
+    state = ctx.state
+    with state.lock:
+        state.ToM_history.append(stats["tom_loss"])
+        state.Policy_history.append(stats["policy_loss"])
+        state.step_history.append(ctx.env_steps)
+        state.loss_history.append(stats["loss"])
+        updates = len(state.loss_history)
+    ctx.log(**stats, updates=updates, tom_chance=1.0 / ctx.model.landmarks)
+
+
+def train(ctx: mprl.Context) -> None:
+    """Each iteration: every worker's episodes, the ToM and PPO updates, the new weights
+    published (which releases the workers)."""
+    cfg: Config = ctx.config
+    rollouts, weights = ctx.state.rollouts, ctx.state.weights
+    model: ToM2CModel = ctx.model  # type: ignore[assignment]
+    optimizers = {"Policy": ctx.optimizers["Policy"], "ToM": ctx.optimizers["ToM"]}
+    while (batch := rollouts.take_batch(ctx.n_workers)) is not None:
+        data = prepare(cfg, model, ctx.to_device(batch))
+        with weights.publishing(model):
+            stats = update(cfg, model, optimizers, data, ctx.should_stop)
+        if "loss" in stats:
+            record(ctx, stats)
+
+
+@mprl.hookimpl
+def mprl_register_algorithms(register):
+    register(
+        mprl.Algorithm(
+            name="tom2c",
+            config_cls=Config,
+            make_model=make_model,
+            optimizers={"Policy": make_policy_optimizer, "ToM": make_tom_optimizer},
+            worker=worker,
+            train=train,
+            schema=SCHEMA,
+            agents="multi",
+            action_spaces=(gym.spaces.MultiDiscrete,),
+            default_env="mpe2:simple_spread_v3",
+            description="ToM2C: recurrent agents with a theory-of-mind head, PPO, two optimizers",
+        )
+    )
