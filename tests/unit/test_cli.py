@@ -35,6 +35,13 @@ from tests.conftest import (
         (["--plugin", "a3c", "--set", "hidden=[100000,100000]"], r"its model has 20,001,500,003 parameters \(74\.5 GiB\).*Make it smaller"),
         # case 10: an observation space the built-in MLPs cannot take
         (["--plugin", "impala", "--env", "Rooms-v0"], r"'impala' does not support the observation space of 'Rooms-v0' \(Dict\); it supports: Box; flatten it with a wrapper \(gymnasium.wrappers.FlattenObservation\)"),
+        # multi-agent envs: the plugin and the env must agree on agents; AEC-only envs refused
+        (["--plugin", "ppo", "--env", "mpe2:simple_spread_v3"], r"algorithm 'ppo' takes single-agent environments, and 'mpe2:simple_spread_v3' has 3 agents \(agent_0, agent_1, agent_2\): run a multi-agent algorithm \(--plugin mappo or ippo"),
+        (["--plugin", "mappo", "--env", "CartPole-v1"], r"algorithm 'mappo' takes multi-agent environments \(PettingZoo's parallel API, e.g. --env mpe2:simple_spread_v3\), and 'CartPole-v1' has one agent"),
+        (["--plugin", "mappo", "--env", "mpe2:simple_world_comm_v3"], r"its agents have different action counts \(leadadversary_0: 20, adversary_0: 5, .*\); mprl needs one action space for all agents"),
+        (["--plugin", "mappo", "--env", "mpe2:simple_spread_v3(N=two)"], r"environment 'mpe2:simple_spread_v3\(N=two\)': its arguments must be key=value with Python literals"),
+        (["--plugin", "mappo", "--env", "mpe2:simple_spread_v3(bogus=1)"], r"environment 'mpe2:simple_spread_v3': .*unexpected keyword argument 'bogus'"),
+        (["--plugin", "a3c", "--set", "core=lstm"], r"unknown field 'core'"),
         # case 12: a missing module of a module:Env id is a usage error
         (["--plugin", "a3c", "--env", "no_such_module_xyz:Foo-v0"], r"unknown gymnasium environment 'no_such_module_xyz:Foo-v0': No module named 'no_such_module_xyz'"),
     ],
