@@ -32,7 +32,7 @@ def rollout_spec(
         "logp": ((steps, envs), torch.float32),
         "reward": ((steps, envs), torch.float32),
         "done": ((steps, envs), torch.float32),
-        **(state_spec(config, envs) if config is not None else {}),
+        **(state_spec(config, obs_space, envs) if config is not None else {}),
     }
 
 

@@ -82,13 +82,36 @@ def _encoder(
     return nn.Sequential(*layers), n_in
 
 
+def _rows(core: str, obs_space: gym.Space) -> int:
+    """``k`` of the state ``[k, N, core_size]``: 2 (h, c) for an LSTM, 1 for a GRU, twice that
+    over flat observations (the policy and the value have a core each)."""
+    return (2 if core == "lstm" else 1) * (1 if nets.is_image(obs_space) else 2)
+
+
+class _Tower(nn.Module):
+    """An observation encoder and a recurrent cell after it."""
+
+    def __init__(self, encoder: nn.Module, n_features: int, core: str, size: int) -> None:
+        super().__init__()
+        self.encoder = encoder
+        self.cell = (nn.LSTMCell if core == "lstm" else nn.GRUCell)(n_features, size)
+        for name, param in self.cell.named_parameters():
+            if "weight" in name:
+                nn.init.orthogonal_(param)
+            else:
+                nn.init.zeros_(param)
+
+
 class RecurrentActorCritic(nn.Module):
     """Observations -> encoder (an MLP of ``hidden``, or the image torso) -> an LSTM or GRU cell
-    of ``core_size`` -> a policy head and a value head.
+    of ``core_size`` -> a linear policy head and value head. Over flat observations the policy
+    and the value have an encoder and a core each (as :class:`ActorCritic` has an MLP each:
+    the value's loss does not pull the policy's memory); over images they share them.
 
-    The state is a tensor ``[k, N, core_size]`` (``k`` 2 for an LSTM, its h and c; 1 for a GRU).
-    :meth:`step` acts one step, :meth:`unroll` replays sequences. :meth:`act` (``mprl eval``'s
-    contract) keeps each env's state itself: :meth:`begin_episode` zeroes one env's state.
+    The state is a tensor ``[k, N, core_size]`` (:attr:`state_rows`: each core's h and c for
+    an LSTM, its h for a GRU). :meth:`step` acts one step, :meth:`unroll` replays sequences.
+    :meth:`act` (``mprl eval``'s contract) keeps each env's state itself; :meth:`begin_episode`
+    zeroes one env's state.
     """
 
     def __init__(
@@ -109,17 +132,14 @@ class RecurrentActorCritic(nn.Module):
         if core not in CORES[1:]:
             raise ValueError(f"core {core!r} is not one of {', '.join(CORES[1:])}")
         self.core_kind, self.core_size = core, core_size
-        self.encoder, n_features = _encoder(obs_space, hidden, torso, activation)
-        self.torso = self.encoder if nets.is_image(obs_space) else None  # ppo's CNN check
+        self.state_rows = _rows(core, obs_space)
+        self.towers = nn.ModuleList(
+            _Tower(*_encoder(obs_space, hidden, torso, activation), core, core_size)
+            for _ in range(1 if nets.is_image(obs_space) else 2)
+        )
+        self.torso = self.towers[0].encoder if nets.is_image(obs_space) else None  # ppo's check
         self.obs_norm = ObsNorm(tuple(obs_space.shape)) if normalize_obs else None
-        cell = nn.LSTMCell if core == "lstm" else nn.GRUCell
-        self.core = cell(n_features, core_size)
-        for name, param in self.core.named_parameters():
-            if "weight" in name:
-                nn.init.orthogonal_(param)
-            else:
-                nn.init.zeros_(param)
-        # the heads over the core's output: an ActorCritic of no hidden layer (linear heads,
+        # the heads over the cores' outputs: an ActorCritic of no hidden layer (linear heads,
         # its action distributions, gSDE)
         latent = gym.spaces.Box(-np.inf, np.inf, (core_size,), np.float32)
         self.heads = ActorCritic(
@@ -127,11 +147,6 @@ class RecurrentActorCritic(nn.Module):
         )
         self.discrete, self.n_act = self.heads.discrete, self.heads.n_act
         self._acting: dict[int, torch.Tensor] = {}  # act's state, by env
-
-    @property
-    def state_rows(self) -> int:
-        """``k`` of the state ``[k, N, core_size]``: 2 for an LSTM (h, c), 1 for a GRU."""
-        return 2 if self.core_kind == "lstm" else 1
 
     def initial_state(self, n: int) -> torch.Tensor:
         """The state of ``n`` envs at an episode's start: zeros ``[k, n, core_size]``."""
@@ -143,27 +158,35 @@ class RecurrentActorCritic(nn.Module):
         if self.obs_norm is not None:
             self.obs_norm.update(obs)
 
-    def encode(self, obs: torch.Tensor) -> torch.Tensor:
+    def _encode(self, tower: _Tower, obs: torch.Tensor) -> torch.Tensor:
         """Features of observations ``[..., *obs_shape]`` -> ``[..., n_features]``."""
-        if self.obs_norm is not None:
-            obs = self.obs_norm(obs)
         if self.torso is None:
-            return self.encoder(obs)
+            return tower.encoder(obs)
         lead = obs.shape[:-3]
-        return self.encoder(obs.reshape(-1, *obs.shape[-3:])).view(*lead, -1)
+        return tower.encoder(obs.reshape(-1, *obs.shape[-3:])).view(*lead, -1)
 
-    def _cell(self, x: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+    def _cell(self, tower: _Tower, x: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
         if self.core_kind == "lstm":
-            return torch.stack(self.core(x, (state[0], state[1])))
-        return self.core(x, state[0]).unsqueeze(0)
+            return torch.stack(tower.cell(x, (state[0], state[1])))
+        return tower.cell(x, state[0]).unsqueeze(0)
+
+    def _heads(self, latent: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(policy output, value)`` from each tower's output (the first: the policy's)."""
+        return self.heads.policy(latent[0]), self.heads.value(latent[-1])
 
     def step(
         self, obs: torch.Tensor, state: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One step of ``N`` envs: ``(policy output, value, next state)``."""
-        state = self._cell(self.encode(obs), state)
-        out, value = self.heads(state[0])
-        return out, value, state
+        if self.obs_norm is not None:
+            obs = self.obs_norm(obs)
+        k = self.state_rows // len(self.towers)
+        states = [
+            self._cell(tower, self._encode(tower, obs), state[i * k : (i + 1) * k])
+            for i, tower in enumerate(self.towers)
+        ]
+        out, value = self._heads([s[0] for s in states])
+        return out, value, torch.cat(states) if len(states) > 1 else states[0]
 
     def unroll(
         self, obs: torch.Tensor, state: torch.Tensor, dones: torch.Tensor
@@ -173,16 +196,22 @@ class RecurrentActorCritic(nn.Module):
         an episode after step ``t``, so the state is zeroed before step ``t + 1``, as the
         worker did. Returns the policy outputs ``[L, N, ...]``, values ``[L, N]`` and the
         state after the last step."""
-        features = self.encode(obs)
-        live = 1.0 - dones.to(features.dtype).unsqueeze(-1)
-        outputs = []
-        for t in range(obs.shape[0]):
-            if t:
-                state = state * live[t - 1]
-            state = self._cell(features[t], state)
-            outputs.append(state[0])
-        out, values = self.heads(torch.stack(outputs))
-        return out, values, state
+        if self.obs_norm is not None:
+            obs = self.obs_norm(obs)
+        live = 1.0 - dones.to(state.dtype).unsqueeze(-1)
+        k = self.state_rows // len(self.towers)
+        latent, last = [], []
+        for i, tower in enumerate(self.towers):
+            features, rows, outputs = self._encode(tower, obs), state[i * k : (i + 1) * k], []
+            for t in range(obs.shape[0]):
+                if t:
+                    rows = rows * live[t - 1]
+                rows = self._cell(tower, features[t], rows)
+                outputs.append(rows[0])
+            latent.append(torch.stack(outputs))
+            last.append(rows)
+        out, values = self._heads(latent)
+        return out, values, torch.cat(last)
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(policy output, value)`` of one step of ``N`` envs from a zero state."""
@@ -250,14 +279,16 @@ def make_model(obs_space: gym.Space, act_space: gym.Space, config: Any) -> nn.Mo
     )
 
 
-def state_spec(config: Any, envs: int) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+def state_spec(
+    config: Any, obs_space: gym.Space, envs: int
+) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
     """The rollout spec's field ``state`` (the hidden state at the rollout's start,
     ``[k, envs, core_size]``) for a config with a recurrent ``core``; none for ``core=none``."""
     core = getattr(config, "core", "none")
     if core == "none":
         return {}
-    rows = 2 if core == "lstm" else 1
-    return {"state": ((rows, envs, getattr(config, "core_size", 64)), torch.float32)}
+    shape = (_rows(core, obs_space), envs, getattr(config, "core_size", 64))
+    return {"state": (shape, torch.float32)}
 
 
 class _StateValues:
