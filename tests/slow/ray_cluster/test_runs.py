@@ -41,6 +41,22 @@ def test_impala_spreads_workers_over_nodes_and_resumes_on_the_local_backend(clus
     assert last["shared_state"]["weights"]["version"] > saved["shared_state"]["weights"]["version"]
 
 
+def test_mappo_plays_multi_agent_episodes_on_two_nodes(cluster, tmp_path):
+    run_dir = tmp_path / "run"
+    done = run_ray(cluster, "--plugin", "mappo", "--env", "mpe2:simple_spread_v3(N=2)",
+                   "--workers", "2", *WORKER, "--set", "envs_per_worker=2",
+                   "--total-steps", "1500", "--run-dir", str(run_dir))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    records = read_metrics(run_dir)
+    where = placed(records)
+    assert where["worker 0"]["node_id"] != where["worker 1"]["node_id"]
+    episodes = [r for r in records if "episode_return" in r]
+    assert {r["source"] for r in episodes} == {"worker:0", "worker:1"}
+    assert all({"return_agent_0", "return_agent_1"} <= set(r) for r in episodes)
+    saved = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
+    assert saved["shared_state"]["weights"]["version"] > 0  # the learner published updates
+
+
 def test_ppo_from_the_local_backend_resumes_on_ray(cluster, tmp_path):
     run_dir = tmp_path / "run"
     # (an iteration is 2 workers x 8 envs x 32 steps: 512; a few of them on each backend)
