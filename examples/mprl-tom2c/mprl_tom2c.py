@@ -45,12 +45,16 @@ class Config:
     """ToM2C's hyperparameters, sized for Cooperative Navigation on a few CPU cores."""
 
     envs_per_worker: int = attrs.field(
-        default=8, validator=v.ge(1), metadata=field_help("episodes each worker plays per iteration")
+        default=8,
+        validator=v.ge(1),
+        metadata=field_help("episodes each worker plays per iteration"),
     )
     max_steps: int = attrs.field(
         default=25,
         validator=v.ge(1),
-        metadata=field_help("steps an episode may last (the env's max_cycles); longer ones are cut"),
+        metadata=field_help(
+            "steps an episode may last (the env's max_cycles); longer ones are cut"
+        ),
     )
     landmarks: int = attrs.field(
         default=0,
@@ -64,7 +68,7 @@ class Config:
         default=32, validator=v.ge(1), metadata=field_help("GRU width of each ToM net")
     )
     lr: float = attrs.field(default=7e-4, validator=v.gt(0.0), metadata=field_help("Policy lr"))
-    tom_lr: float = attrs.field(default=1e-3, validator=v.gt(0.0), metadata=field_help("ToM lr"))
+    tom_lr: float = attrs.field(default=3e-3, validator=v.gt(0.0), metadata=field_help("ToM lr"))
     gamma: float = attrs.field(
         default=0.99, validator=[v.gt(0.0), v.le(1.0)], metadata=field_help("discount factor")
     )

@@ -126,12 +126,16 @@ def test_advantages_bootstrap_a_cut_episode_and_stop_at_a_terminal_one() -> None
 def test_tom2c_refuses_an_env_it_cannot_read() -> None:
     env = make_env(f"{ENV}(N=3)")
     with pytest.raises(mprl_tom2c.ConfigError, match="Cooperative Navigation"):
-        mprl_tom2c.make_model(env.observation_space, env.action_space, mprl_tom2c.Config(landmarks=9))
+        mprl_tom2c.make_model(
+            env.observation_space, env.action_space, mprl_tom2c.Config(landmarks=9)
+        )
 
 
 def test_a_serial_run_trains_both_heads_and_keeps_the_control_state(mprl_pm, mprl_serial) -> None:
     mprl_pm.register(mprl_tom2c)
-    result = mprl_serial("tom2c", workers=2, total_steps=2000, seed=1, config={"envs_per_worker": 4})
+    result = mprl_serial(
+        "tom2c", workers=2, total_steps=2000, seed=1, config={"envs_per_worker": 4}
+    )
     state, summary = result.state, result.summary
     assert summary.status == "finished" and summary.stop_reason == "total steps reached"
     assert sum(state.curr_env_steps) == summary.env_steps and min(state.curr_env_steps) > 0
