@@ -85,8 +85,14 @@ def pettingzoo_module(env_id: str) -> Any:
         return None
     try:
         module = importlib.import_module(f"{package}.{name}")
-    except ImportError:
-        return None
+    except ImportError as exc:
+        if exc.name is None or f"{package}.{name}".startswith(exc.name):
+            return None  # no such module: gymnasium's id, or a typo gymnasium reports
+        raise UsageError(
+            f"environment {env_id!r} needs the package {exc.name!r}, which is not installed: "
+            f"pip install {exc.name.split('.')[0]} (or the env family's extra, e.g. "
+            f'pip install "pettingzoo[{package.split(".")[-1]}]")'
+        ) from None
     return module if hasattr(module, "parallel_env") or hasattr(module, "env") else None
 
 

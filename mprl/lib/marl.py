@@ -5,8 +5,9 @@ third-party ones to build on.
 
 The conventions (also in :mod:`mprl.spaces`):
 
-- observations: one row per agent (an :class:`mprl.spaces.AgentBox`), padded with zeros to the
-  longest agent's; an agent that has finished sees zeros;
+- observations: one row per agent (an :class:`mprl.spaces.AgentBox`; an agent's array
+  observation flattened), padded with zeros to the longest agent's; an agent that has finished
+  sees zeros;
 - actions: one per agent, in the rows' order; a finished agent's is ignored;
 - reward: the team's, the mean over the agents of their rewards (a finished agent's counts as
   0), so the episode return mprl logs is the mean of the agents' returns; ``info["agent_rewards"]``
@@ -74,15 +75,15 @@ def _action_space(name: str, spaces: dict[str, gym.Space]) -> gym.Space:
 
 
 def _obs_sizes(name: str, spaces: dict[str, gym.Space]) -> list[int]:
-    bad = [a for a, s in spaces.items() if not isinstance(s, gym.spaces.Box) or len(s.shape) != 1]
+    bad = [a for a, s in spaces.items() if not isinstance(s, gym.spaces.Box)]
     if bad:
         shapes = ", ".join(f"{a}: {spaces[a]}" for a in bad)
         raise UsageError(
-            f"environment {name!r}: agents {', '.join(bad)} do not observe flat vectors "
-            f"({shapes}); flatten them (pettingzoo.utils.wrappers or supersuit's flatten_v0) in "
-            "an mprl_make_env plugin"
+            f"environment {name!r}: agents {', '.join(bad)} do not observe arrays ({shapes}); "
+            "turn their observations into one Box (gymnasium.spaces.flatten_space, or "
+            "supersuit's flatten_v0) in an mprl_make_env plugin"
         )
-    return [int(s.shape[0]) for s in spaces.values()]
+    return [int(np.prod(s.shape)) for s in spaces.values()]  # a grid observation, flattened
 
 
 class AgentEnv(gym.Env):

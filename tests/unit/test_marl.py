@@ -217,3 +217,24 @@ def test_the_learners_first_minibatch_replays_the_workers_log_probabilities(mprl
     logp = model.distribution(model.policy(data["obs"])).log_prob(data["action"])
     torch.testing.assert_close(logp, data["logp"])
     assert data["obs"].shape == (10, 3, 18) and data["advantage"].shape == (10, 3)
+
+
+def test_an_env_module_missing_a_dependency_names_it(mprl_pm, tmp_path, monkeypatch):
+    (tmp_path / "needsdeps").mkdir()
+    (tmp_path / "needsdeps" / "__init__.py").write_text("")
+    (tmp_path / "needsdeps" / "game_v0.py").write_text("import no_such_physics_xyz\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        with pytest.raises(
+            UsageError,
+            match=r"needs the package 'no_such_physics_xyz', which is not installed: pip install no_such_physics_xyz",
+        ):
+            make_env(mprl_pm, "needsdeps:game_v0")
+    finally:
+        sys.modules.pop("needsdeps", None)
+
+
+def test_grid_observations_are_flattened_rows(mprl_pm):
+    env = make_env(mprl_pm, "pettingzoo.sisl:pursuit_v5(n_pursuers=3, n_evaders=2, max_cycles=5)")
+    obs, _ = env.reset(seed=0)
+    assert obs.shape == (3, 7 * 7 * 3) and env.observation_space.sizes == (147, 147, 147)
