@@ -32,8 +32,8 @@ def test_recurrent_ppo_balances_cartpole_without_velocities(tmp_path):
     assert json.loads((tmp_path / "lstm" / "eval.json").read_text())["mean_return"] >= 150
     if not recurrent["solved"]:  # a resumed recurrent run learns on
         more = str(BUDGET + 10_000)
-        proc = cli("run", "--resume", str(tmp_path / "lstm"), "--total-steps", more, "--quiet",
-                   timeout=120)  # fmt: skip
+        resume = ("run", "--resume", str(tmp_path / "lstm"), "--env", ENV)
+        proc = cli(*resume, "--total-steps", more, "--quiet", timeout=120)
         assert proc.returncode == 0, proc.stderr
         resumed = json.loads((tmp_path / "lstm" / "summary.json").read_text())
         assert resumed["env_steps"] >= BUDGET + 10_000 and resumed["mean_return_100"] >= 150
