@@ -14,7 +14,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-__all__ = ["NO_VELOCITY", "CartPoleNoVelocity", "VelocityMask", "make_cartpole_no_velocity"]
+__all__ = ["NO_VELOCITY", "VelocityMask", "make_cartpole_no_velocity"]
 
 #: the env id registered by this module
 NO_VELOCITY = "CartPoleNoVelocity-v1"
@@ -35,9 +35,6 @@ class VelocityMask(gym.ObservationWrapper):
 
     def observation(self, observation: Any) -> Any:
         return observation[self.keep]
-
-
-CartPoleNoVelocity = VelocityMask  # the wrapper CartPoleNoVelocity-v1 is made of
 
 
 def make_cartpole_no_velocity(**kwargs: Any) -> gym.Env:
