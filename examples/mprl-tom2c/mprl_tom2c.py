@@ -163,9 +163,10 @@ class ToMNet(nn.Module):
 
 
 class ToM2CModel(nn.Module):
-    """The agents' shared recurrent actor (its input: the agent's observation and one-hot id,
-    then its GRU state and the goals its ToM infers for the others), their ToM nets, and a
-    centralized critic on the global state (one value per agent)."""
+    """The agents' shared recurrent actor (a GRU over the agent's observation and one-hot id;
+    the policy head reads its state, the observation and the goals its ToM infers for the
+    others), their ToM nets, and a centralized critic on the global state (one value per
+    agent)."""
 
     def __init__(self, obs_space: AgentBox, act_space: gym.Space, cfg: Config) -> None:
         super().__init__()
@@ -177,7 +178,8 @@ class ToM2CModel(nn.Module):
         self.rnn = nn.GRUCell(cfg.hidden, cfg.hidden)
         self.tom = ToMNet(self.landmarks, cfg.hidden, cfg.tom_hidden)
         n_actions = int(act_space.nvec[0])
-        self.actor = mlp(cfg.hidden + others * self.landmarks, (cfg.hidden,), n_actions, 0.01)
+        actor_in = cfg.hidden + features + others * self.landmarks
+        self.actor = mlp(actor_in, (cfg.hidden,), n_actions, 0.01)
         state = obs_space.state.shape[0]
         self.critic = mlp(state + self.n_agents, (cfg.hidden, cfg.hidden), 1, 1.0)
         self.register_buffer("eye", torch.eye(self.n_agents))
@@ -205,7 +207,7 @@ class ToM2CModel(nn.Module):
         h = self.rnn(self.encoder(x).flatten(0, 1), h.flatten(0, 1)).view_as(h)
         tom_logits, g = self.tom(obs, h, g)
         goals = torch.softmax(tom_logits, -1).detach().flatten(-2)  # the inferred goals
-        return self.actor(torch.cat([h, goals], -1)), tom_logits, h, g
+        return self.actor(torch.cat([h, obs, goals], -1)), tom_logits, h, g
 
     def unroll(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Whole episodes from their start: ``obs [T, B, A, F]`` -> action logits
