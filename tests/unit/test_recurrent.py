@@ -19,6 +19,7 @@ from mprl.lib.envbatch import EnvBatch, rollout_spec
 from mprl.lib.nets import ActorCritic
 from mprl.lib.pomdp import NO_VELOCITY
 from mprl.lib.recurrent import RecurrentActorCritic, make_model
+from tests.conftest import cli_here
 
 ENV = f"mprl.lib.pomdp:{NO_VELOCITY}"
 
@@ -173,6 +174,12 @@ def test_continuous_actions_and_gsde_have_a_recurrent_model():
     logp, _ = model.log_prob_entropy(out, actions)
     assert actions.shape == (5, 4, 2) and logp.shape == values.shape == (5, 4)
     assert model.act(torch.randn(4, 3)).shape == (4, 2)
+
+
+@pytest.mark.parametrize("plugin", ["a3c", "dqn", "sac"])
+def test_core_on_a_plugin_without_recurrence_exits_2_naming_ppo_and_impala(plugin, capsys):
+    code, err = cli_here(capsys, "run", "--plugin", plugin, "--set", "core=lstm", "--quiet")
+    assert code == 2 and "unknown field 'core'" in err and "--plugin ppo or impala" in err
 
 
 def test_core_is_a_field_of_ppo_and_impala_only():
