@@ -158,17 +158,17 @@ class AgentEnv(gym.Env):
 
 #: PettingZoo's wrappers that only check their caller (reset before step, actions in the
 #: space): mprl calls in order, with actions of the space
-CHECKS = ("OrderEnforcingWrapper", "AssertOutOfBoundsWrapper")
+_CHECKS = ("OrderEnforcingWrapper", "AssertOutOfBoundsWrapper")
 
 
 def _drop_checks(env: Any) -> None:
-    """Take the checking wrappers (:data:`CHECKS`) off the AEC env under a parallel env that
+    """Take the checking wrappers (:data:`_CHECKS`) off the AEC env under a parallel env that
     PettingZoo converted from one (MPE's ``parallel_env()``): their attribute lookups cost as
     much as the physics (a simple_spread step: 0.55 -> 0.34 ms). Wrappers that change
     something (clipping actions) stay."""
     aec = getattr(env, "aec_env", None)
     layer = aec
-    while type(layer).__name__ in CHECKS and hasattr(layer, "env"):
+    while type(layer).__name__ in _CHECKS and hasattr(layer, "env"):
         layer = layer.env
     if layer is not aec:
         env.aec_env = layer
