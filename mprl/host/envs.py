@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import importlib
 import importlib.util
+import inspect
 import sysconfig
 import warnings
 from collections.abc import Callable, Generator, Sequence
@@ -202,7 +203,8 @@ def check_trusted(env_id: str, source: str, given: str | None) -> None:
     made, unless the user gave the same id or the module is installed in site-packages (``pip
     install mpe2``): opening a file from elsewhere must not run code."""
     module = env_id.split(":", 1)[0]
-    if imports_code(env_id) and given != env_id and not _installed(module):
+    trusted = module.split(".")[0] == "mprl" or _installed(module)  # mprl.lib.pomdp: ours
+    if imports_code(env_id) and given != env_id and not trusted:
         raise UsageError(
             f"{source} names the environment {env_id!r}, which imports the Python module "
             f"{module!r} to be made: that runs code from wherever {module!r} is found. If you "
@@ -310,10 +312,14 @@ def playing_episodes(
     playing: list[int | None] = [None] * len(envs)  # the episode each env is in
     obs: list[Any] = [None] * len(envs)
     started = 0
+    # a recurrent policy's model keeps each env's state: it starts again with each episode
+    begin = getattr(getattr(inspect.unwrap(act), "__self__", None), "begin_episode", None)
 
     def start(j: int) -> None:
         nonlocal started
         playing[j] = started if started < episodes else None
+        if begin is not None:
+            begin(j, playing[j] is not None)
         if playing[j] is not None:
             obs[j], _ = envs[j].reset(seed=derive_seed(seed, started))
             started += 1

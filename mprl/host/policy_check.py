@@ -11,6 +11,7 @@ sampled actions, as in training; the copy that passes is what the final checkpoi
 from __future__ import annotations
 
 import copy
+import functools
 import statistics
 import time
 import traceback
@@ -220,6 +221,7 @@ def _checked(act: Callable[..., Any]) -> Callable[[torch.Tensor, bool], Any]:
     """``act`` held to its contract: one action per observation, in a numpy array (or a list)
     of what the env's ``step`` takes; a torch tensor is not that."""
 
+    @functools.wraps(act)  # play_episodes finds a recurrent model's begin_episode through it
     def checked(obs: torch.Tensor, deterministic: bool) -> Any:
         actions = act(obs, deterministic)
         if not isinstance(actions, np.ndarray | list | tuple) or len(actions) != len(obs):

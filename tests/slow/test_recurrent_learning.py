@@ -27,7 +27,7 @@ def test_recurrent_ppo_balances_cartpole_without_velocities(tmp_path):
     assert recurrent["mean_return_100"] >= 195, recurrent
     feed_forward = _train(tmp_path / "mlp", "--set", "normalize_obs=true")
     assert feed_forward["mean_return_100"] < 100, feed_forward  # its plateau: about 50
-    proc = cli("eval", str(tmp_path / "lstm"), "--env", ENV, "--episodes", "5", timeout=120)
+    proc = cli("eval", str(tmp_path / "lstm"), "--episodes", "5", timeout=120)  # mprl's module
     assert proc.returncode == 0, proc.stderr
     assert json.loads((tmp_path / "lstm" / "eval.json").read_text())["mean_return"] >= 150
     if not recurrent["solved"]:  # a resumed recurrent run learns on
