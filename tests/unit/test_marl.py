@@ -238,3 +238,81 @@ def test_grid_observations_are_flattened_rows(mprl_pm):
     env = make_env(mprl_pm, "pettingzoo.sisl:pursuit_v5(n_pursuers=3, n_evaders=2, max_cycles=5)")
     obs, _ = env.reset(seed=0)
     assert obs.shape == (3, 7 * 7 * 3) and env.observation_space.sizes == (147, 147, 147)
+
+
+class _Relay:
+    """A PettingZoo-style parallel env of two agents where ``runner`` finishes after 2 steps
+    and ``walker`` plays 4: each gets 1.0 a step it plays."""
+
+    possible_agents = ["runner", "walker"]
+    metadata: dict = {}
+    render_mode = None
+
+    def observation_space(self, agent):
+        return gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+
+    def action_space(self, agent):
+        return gym.spaces.Discrete(2)
+
+    def reset(self, seed=None, options=None):
+        self.t, self.agents = 0, list(self.possible_agents)
+        return {a: np.zeros(2, np.float32) for a in self.agents}, {a: {} for a in self.agents}
+
+    def step(self, actions):
+        assert set(actions) == set(self.agents)  # a finished agent is not asked to act
+        self.t += 1
+        done = {a: (a == "runner" and self.t >= 2) or self.t >= 4 for a in self.agents}
+        obs = {a: np.full(2, self.t / 4, np.float32) for a in self.agents}
+        rewards = dict.fromkeys(self.agents, 1.0)
+        infos = {a: {} for a in self.agents}
+        self.agents = [a for a in self.agents if not done[a]]
+        return obs, rewards, done, dict.fromkeys(done, False), infos
+
+    def close(self):
+        pass
+
+
+class _RelayEnvs:
+    @mprl.hookimpl
+    def mprl_make_env(self, env_id):
+        return _Relay() if env_id == "relay" else None
+
+
+def test_an_agent_that_finishes_early_is_masked_out_of_the_rollout_and_the_loss():
+    from mprl.testing import plugin_manager
+    from mprl_mappo.algorithm import MAPPOConfig, _prepare, make_model
+
+    pm = plugin_manager(_RelayEnvs())
+    ctx = _Ctx(pm, "relay")
+    batch = AgentBatch(ctx, n=1, gamma=0.9)
+    env = batch.envs[0]
+    spec = agent_rollout_spec(env.observation_space, env.action_space, 4, 1)
+    slot = {k: torch.zeros(shape, dtype=dtype) for k, (shape, dtype) in spec.items()}
+
+    def act(obs):
+        return torch.zeros(obs.shape[:2], dtype=torch.int64), torch.zeros(obs.shape[:2])
+
+    batch.rollout(act, None, slot)
+    assert slot["alive"][:, 0, 0].tolist() == [1, 1, 0, 0]  # runner: 2 steps, then out
+    assert slot["alive"][:, 0, 1].tolist() == [1, 1, 1, 1]
+    assert slot["reward"][:, 0, 0].tolist() == [1, 1, 0, 0]
+    assert slot["obs"][3, 0, 0].abs().sum() == 0  # a finished agent sees zeros (after its last)
+    assert slot["done"][:, 0].tolist() == [0, 0, 0, 1]
+    team, length, per_agent = ctx.episodes[0]
+    assert (length, per_agent) == (4, {"return_runner": 2.0, "return_walker": 4.0})
+    assert team == 3.0  # the agents' mean
+    cfg = MAPPOConfig()
+    model = make_model(env.observation_space, env.action_space, cfg)
+    data = _prepare(cfg, model, {k: t.unsqueeze(1) for k, t in slot.items()})
+    assert data["alive"].tolist() == [[1, 1], [1, 1], [0, 1], [0, 1]]
+
+
+def test_per_agent_parameters_give_each_agent_its_own_actor_and_critic():
+    result = run_serial(
+        "mappo", env="mpe2:simple_spread_v3(N=3, max_cycles=10)", total_steps=200, workers=1,
+        config={"envs_per_worker": 2, "n_steps": 10, "epochs": 1, "share_params": False},
+    )  # fmt: skip
+    model = result.model
+    assert len(model.actors) == len(model.critics) == 3
+    first, second = (dict(a.named_parameters()) for a in model.actors[:2])
+    assert not torch.equal(first["0.weight"], second["0.weight"])  # initialised, learned apart
