@@ -45,7 +45,7 @@ def test_mappo_plays_multi_agent_episodes_on_two_nodes(cluster, tmp_path):
     run_dir = tmp_path / "run"
     done = run_ray(cluster, "--plugin", "mappo", "--env", "mpe2:simple_spread_v3(N=2)",
                    "--workers", "2", *WORKER, "--set", "envs_per_worker=2",
-                   "--total-steps", "1500", "--run-dir", str(run_dir))  # fmt: skip
+                   "--total-steps", "500", "--run-dir", str(run_dir))  # fmt: skip
     assert done.returncode == 0, done.stderr
     records = read_metrics(run_dir)
     where = placed(records)
