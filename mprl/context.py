@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 import attrs
 import numpy as np
 
+from mprl import timeline
+
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
@@ -348,6 +350,7 @@ class Context:
         env = self._make_env(self.run.env, seed=seed, rank=self.rank, index=index)
         env.reset(seed=seed)
         env.action_space.seed(seed)
+        timeline.on_first_call(env, "step", "env-step", source=self.source, index=index)
         return env
 
     def __getstate__(self) -> dict[str, Any]:

@@ -30,6 +30,14 @@ if TYPE_CHECKING:
 TICK_S = 0.25
 
 
+def stop_unused_starts() -> None:
+    """Stop what ``python -m mprl run`` started ahead for a backend before it knew the run's
+    (the local backend's forkserver) when the run's backend, now prepared, did not take it."""
+    from mprl.backends import forkserver
+
+    forkserver.stop_unclaimed()
+
+
 @attrs.frozen
 class Role:
     """One process of a job: ``role`` ``"worker"`` (``rank`` 0..n-1) or ``"trainer"`` (``rank``

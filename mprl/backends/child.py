@@ -22,6 +22,7 @@ import attrs
 import numpy as np
 import torch
 
+from mprl import timeline
 from mprl.context import Channel, Context, objects_of
 from mprl.device import resolve_device
 from mprl.errors import UsageError
@@ -81,7 +82,9 @@ def run_child(
         ctx, trained, learner = _on_device(ctx)
         if on_ready is not None:
             on_ready(ctx, trained)
+        _mark_first_update(ctx.source, trained)
         ctx.heartbeat()
+        timeline.mark("child-ready", source=ctx.source)
         if profile_to is None:
             fn(ctx)
         else:
@@ -102,6 +105,21 @@ def run_child(
     except BaseException:  # every way a function can fail is reported
         return ChildExit(1, traceback.format_exc())
     return ChildExit(0)
+
+
+def _mark_first_update(source: str, trained: Trained) -> None:
+    """With a timeline (:mod:`mprl.timeline`), mark this process's first optimizer step."""
+    optimizers = [trained.optimizer, *trained.optimizers.values()]
+    if not timeline.enabled() or not any(optimizers):
+        return
+    handles: list[Any] = []
+
+    def once(*_: Any) -> None:
+        timeline.mark("update", source=source)
+        for handle in handles:
+            handle.remove()
+
+    handles += [opt.register_step_post_hook(once) for opt in optimizers if opt is not None]
 
 
 def _on_device(ctx: Context) -> tuple[Context, Trained, DeviceLearner | None]:

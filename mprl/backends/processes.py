@@ -15,12 +15,19 @@ import shutil
 import signal
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from multiprocessing.managers import SyncManager
 from pathlib import Path
 from typing import Any
 
 from mprl.backends.base import available_memory, describe_exit
+from mprl.backends.forkserver import (  # noqa: F401 - where they were first
+    _BLOCKED,
+    FORKSERVER_PRELOAD,
+    child_environment,
+    start_context,
+    stop_forkserver,
+)
 from mprl.errors import UsageError
 from mprl.run_types import ChildFailure
 
@@ -32,33 +39,6 @@ PARENT_DIED_EXIT = 70  # a child's exit code when it left because the main proce
 #: seconds the Manager server may stay stopped (SIGSTOP, a debugger) before it is killed: every
 #: read of shared state waits on it, the main process's too, with no timeout of its own
 MANAGER_STOPPED_S = 5.0
-_BLOCKED = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}  # while a child starts
-
-
-#: what a forkserver imports once, before it forks the run's children: a child then starts
-#: without importing them itself (about 1.5 s of CPU each on this project's machines)
-FORKSERVER_PRELOAD = ("torch", "gymnasium", "mprl.backends.local.backend")
-
-
-def start_context(method: str) -> Any:
-    """The multiprocessing context children start from: ``"forkserver"`` (each child forked
-    from a server process that imported :data:`FORKSERVER_PRELOAD`: a fresh server per run,
-    started by the first child and stopped by :func:`stop_forkserver`) or ``"spawn"`` (a
-    fresh interpreter per child). Neither inherits the main process's threads or state: a
-    child gets its context by pickle, as under spawn."""
-    context = mp.get_context(method)
-    if method == "forkserver":
-        context.set_forkserver_preload(list(FORKSERVER_PRELOAD))
-    return context
-
-
-def stop_forkserver() -> None:
-    """Stop this process's forkserver, if one runs, once the run's children have ended: it
-    would otherwise live as long as the main process (the next run starts another)."""
-    from multiprocessing import forkserver
-
-    with contextlib.suppress(Exception):
-        forkserver._forkserver._stop()  # type: ignore[attr-defined]
 
 
 def set_process_name(name: str) -> None:
@@ -130,29 +110,6 @@ def end_group(pid: int) -> None:
     plugin started and left running. A group id is not reused while the group has members."""
     with contextlib.suppress(OSError):
         os.killpg(pid, signal.SIGKILL)
-
-
-@contextlib.contextmanager
-def child_environment(threads: int) -> Iterator[None]:
-    """What spawned children start with: thread counts, and SIGINT and SIGTERM blocked.
-
-    The signal mask survives exec, so a Ctrl-C while a child is still importing cannot print a
-    KeyboardInterrupt traceback there, and a SIGTERM to the process group cannot kill the
-    Manager server before it answers; the main process gets them once starting is over.
-    """
-    saved = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
-    for key in saved:
-        os.environ.setdefault(key, str(threads))
-    mask = signal.pthread_sigmask(signal.SIG_BLOCK, _BLOCKED)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 def size_text(nbytes: float) -> str:

@@ -25,6 +25,7 @@ from mprl.backends.restart import RestartPolicy
 from mprl.context import Channel, Context
 from mprl.run_types import ChildFailure
 from mprl.schema import SharedState
+from mprl.timeline import mark
 
 #: exit codes of a child that a signal to the whole process group ended (not a crash when the
 #: main process got the signal too)
@@ -163,6 +164,7 @@ class Supervisor:
             except NotStarted as exc:
                 self.outcome = exc.outcome
                 return exc.outcome
+            mark("state")
             if skipped:
                 self.event("state-not-restored", skipped)
             self.monitor.on_start(self.state)
@@ -171,8 +173,10 @@ class Supervisor:
             if reason is None:
                 reason, failures = self._supervise()
             stop_start = time.monotonic()
+            mark("stopping", reason=reason)
             failures += self._stop()
             shutdown_s = time.monotonic() - stop_start
+            mark("stopped")
             self._on_stop()
             restarts = tuple(c.restarts for c in self.children if c.role.role == "worker")
             self.outcome = Outcome(reason, failures, restarts, round(shutdown_s, 3))
@@ -183,6 +187,7 @@ class Supervisor:
                 with contextlib.suppress(Exception):
                     self._on_stop()
             self.release()
+            mark("released")
 
     def event(self, kind: str, message: str, **fields: Any) -> None:
         self.monitor.on_event({"event": kind, "message": message, **fields})
@@ -210,6 +215,7 @@ class Supervisor:
         child.started_at = time.monotonic()
         child.restart_at = None
         child.started = True
+        mark("launch", source=child.role.source)
         self.launch(child, ctx)
 
     def _start_all(self) -> str | None:

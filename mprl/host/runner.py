@@ -17,7 +17,7 @@ from typing import Any
 
 import attrs
 
-from mprl.backends.base import Backend, Outcome
+from mprl.backends.base import Backend, Outcome, stop_unused_starts
 from mprl.errors import RunFailed, UsageError
 from mprl.host import checkpoint
 from mprl.host.config import as_dict
@@ -30,6 +30,7 @@ from mprl.host.progress import Progress, check_mode, say
 from mprl.host.rundir import RunDir
 from mprl.host.stats import RunStats
 from mprl.run_types import RunInfo, Summary
+from mprl.timeline import mark
 from mprl.version import __version__
 
 
@@ -116,6 +117,8 @@ def run(
     _check_evaluation(plan)
     backend = pm.backend(plan.job.run.backend)
     notes = backend.prepare(plan.job)
+    stop_unused_starts()
+    mark("prepared")
     with contextlib.closing(backend):  # what prepare() opened (a cluster connection)
         return _run_prepared(plan, backend, notes, run_dir, progress, pm)
 
@@ -310,6 +313,7 @@ def _finish(
     _close(rundir)
     pm.hook.mprl_run_end(run=info, summary=summary.to_dict())
     _say_end(summary, outcome, monitor, signals, rundir, unwritten)
+    mark("finished")
     return summary
 
 

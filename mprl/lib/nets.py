@@ -453,15 +453,17 @@ _ADAM_STEP = inspect.unwrap(torch.optim.Adam.step)
 _ZERO_GRAD = inspect.unwrap(torch.optim.Optimizer.zero_grad)
 _STATE_DICT = inspect.unwrap(torch.optim.Optimizer.state_dict)
 _LOAD_STATE_DICT = inspect.unwrap(torch.optim.Optimizer.load_state_dict)
+_ADD_PARAM_GROUP = inspect.unwrap(torch.optim.Optimizer.add_param_group)
 
 
 class Adam(torch.optim.Adam):
     """``torch.optim.Adam`` without torch.optim's ``torch.compile`` wrappers around ``step``,
-    ``zero_grad``, ``state_dict`` and ``load_state_dict``.
+    ``zero_grad``, ``add_param_group`` (which the constructor calls), ``state_dict`` and
+    ``load_state_dict``.
 
     Those wrappers import ``torch._dynamo`` the first time they run: a second of CPU in every
-    process that touches the optimizer (each a3c worker, every learner, the main process of a
-    resumed run), paid at its start-up and on two cores straight off the time to solve. The
+    process that touches the optimizer (the main process that builds it, each a3c worker, every
+    learner), paid at its start-up and on two cores straight off the time to solve. The
     update is Adam's own code, unchanged (``inspect.unwrap`` reaches it; with a torch that does
     not wrap, nothing changes). Do not ``torch.compile`` a step of this optimizer; use
     ``torch.optim.Adam`` for that.
@@ -482,6 +484,9 @@ class Adam(torch.optim.Adam):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         _LOAD_STATE_DICT(self, state_dict)
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        _ADD_PARAM_GROUP(self, param_group)
 
 
 def make_optimizer(

@@ -21,6 +21,7 @@ from mprl.host.options import RunOptions
 from mprl.host.plugins import PluginManager, get_plugin_manager
 from mprl.host.progress import say
 from mprl.run_types import Summary
+from mprl.timeline import mark
 from mprl.version import __version__
 
 EXIT_FAILED, EXIT_USAGE = 1, 2
@@ -364,8 +365,10 @@ def _plugins_for(argv: Sequence[str]) -> PluginManager | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    mark("main")
     try:
         pm = _plugins_for(argv)
+        mark("plugins")
         parser = _parser(pm)
         args = parser.parse_args(argv)
         if args.command == "run":

@@ -27,7 +27,7 @@ from torch.nn import functional as F
 import mprl
 from mprl import schema
 from mprl.lib.marl import AgentBatch, agent_rollout_spec
-from mprl.lib.nets import field_help, merge_moments, mlp
+from mprl.lib.nets import Adam, field_help, merge_moments, mlp
 from mprl.spaces import AgentBox
 from mprl.transport import RolloutSlots, WeightBroadcast
 from mprl_ppo import gae
@@ -201,7 +201,7 @@ def make_model(obs_space: gym.Space, act_space: gym.Space, config: MAPPOConfig) 
 
 
 def make_optimizer(params: Any, config: MAPPOConfig) -> torch.optim.Optimizer:
-    return torch.optim.Adam(params, lr=config.lr, eps=1e-5)
+    return Adam(params, lr=config.lr, eps=1e-5)
 
 
 def _rollout(dims: schema.Dims) -> dict[str, Any]:

@@ -47,6 +47,7 @@ from mprl.errors import UsageError
 from mprl.files import open_new
 from mprl.run_types import ChildFailure
 from mprl.schema import SharedState
+from mprl.timeline import mark
 
 #: the shared tensors a forkserver can send a child: one file descriptor each, in one message
 #: of at most ``multiprocessing.forkserver.MAXFDS_TO_SEND`` (256), less its own and the pipes'
@@ -87,6 +88,7 @@ def _child_main(
     ``MPRL_PROFILE=1`` in the environment, the function runs under cProfile and its stats go
     next to it (``RUN_DIR/logs/worker-0.prof``; read them with ``python -m pstats``).
     """
+    mark("child-main", source=ctx.source)
     init_child(mp.current_process().name, leftovers=leftovers)
     stacks = open(stack_file, "w", opener=open_new)  # noqa: SIM115 - for the process's life
     faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
@@ -162,6 +164,8 @@ class LocalBackend(base.Backend):
                 value.share_memory_()
 
         preflight.share(put, "the model and the optimizer state")
+        if self.start_method == "forkserver":
+            start_context(self.start_method)  # the server started early is this run's
         return notes
 
     def execute(self, job: Job, monitor: Monitor) -> Outcome:
@@ -217,6 +221,7 @@ class _LocalSupervisor(Supervisor):
                 cause = f"failed to start ({type(exc).__name__}: {exc})"
                 failed = ChildFailure("Manager server", -1, None, cause)
                 raise NotStarted(Outcome("failed", [failed])) from None
+            mark("manager")
         manager = self.server.manager if self.server is not None else None
         with child_environment(self.threads):
             builder = TensorStateBuilder(

@@ -22,6 +22,7 @@ import torch
 from mprl.backends.child import Trained, run_child
 from mprl.backends.ray import transport
 from mprl.context import Context, episode_record
+from mprl.timeline import mark
 
 
 class ActorChannel:
@@ -102,6 +103,7 @@ class ChildActor:
             fn(ctx)
             transport.flush()  # its last counter adds and replay rows
 
+        mark("child-main", source=ctx.source)
         ctx = attrs.evolve(ctx, channel=self.channel)
         ended = run_child(fn_then_flush, ctx, threads=threads, on_ready=self._ready)
         return {"code": ended.code, "traceback": ended.traceback}

@@ -202,6 +202,8 @@ class _RaySupervisor(Supervisor):
 
         from mprl.backends.ray.transport import RayStateBuilder
 
+        for child in self._children():  # their processes start (and import torch) together,
+            self._new_actor(child)  # while the state is built
         self.hub = self._hub_host()
         manager = None
         if self.job.algorithm.schema.needs_manager():
@@ -214,8 +216,8 @@ class _RaySupervisor(Supervisor):
         return job.build_state(builder)
 
     def _hub_host(self) -> Any:
-        """The actor that hosts the run's transport hub: the train process's (made now, before
-        the shared state that names it), or, in a run without one, an actor of its own pinned
+        """The actor that hosts the run's transport hub: the train process's (made before the
+        shared state that names it), or, in a run without one, an actor of its own pinned
         to the driver's node (it survives the loss of any other node)."""
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -224,7 +226,6 @@ class _RaySupervisor(Supervisor):
 
         trainer = next((c for c in self._children() if c.role.role == "trainer"), None)
         if trainer is not None:
-            self._new_actor(trainer)
             return trainer.handle
         here = ray.get_runtime_context().get_node_id()
         options = {
@@ -254,10 +255,14 @@ class _RaySupervisor(Supervisor):
         else:  # it hosts the hub too: every worker may be waiting in it at once
             options = cluster.actor_options(self.learner)
             concurrency = job.run.workers + 4
-        env = {k: str(self._threads(child)) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+        threads = self._threads(child)
+        if threads != 1:  # Ray's workers have OMP_NUM_THREADS=1 already; one with a runtime
+            # env of its own cannot start in the idle worker processes Ray keeps ready
+            env = {k: str(threads) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+            options["runtime_env"] = {"env_vars": env}
         child.handle = (
             ray.remote(ChildActor)
-            .options(max_concurrency=concurrency, runtime_env={"env_vars": env}, **options)
+            .options(max_concurrency=concurrency, **options)
             .remote(self.authkey)
         )
 

@@ -1,0 +1,53 @@
+"""Start-up marks, for measuring where a run's first seconds go.
+
+With ``MPRL_TIMELINE=FILE`` in the environment, every process of a run (the main process, its
+children, a Ray actor on this machine) appends one JSON line to ``FILE`` as it passes a mark:
+``{"mark": "child-ready", "t": <time.time()>, "pid": ..., ...}``. ``benchmarks/startup.py``
+reads them; without the variable a mark costs one dictionary lookup and nothing is written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+VARIABLE = "MPRL_TIMELINE"
+
+
+def enabled() -> bool:
+    """Whether this process writes marks."""
+    return bool(os.environ.get(VARIABLE))
+
+
+def mark(name: str, **fields: Any) -> None:
+    """Append mark ``name`` (with ``fields``) to the timeline file, when there is one."""
+    path = os.environ.get(VARIABLE)
+    if not path:
+        return
+    line = json.dumps({"mark": name, "t": time.time(), "pid": os.getpid(), **fields})
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, (line + "\n").encode())  # one write: lines of processes never interleave
+    finally:
+        os.close(fd)
+
+
+def on_first_call(obj: Any, method: str, name: str, **fields: Any) -> None:
+    """Mark ``name`` when ``obj.method`` first returns (an env's ``step``), when enabled."""
+    if not enabled():
+        return
+    original = getattr(obj, method)
+    own = method in getattr(obj, "__dict__", {})
+
+    def first(*args: Any, **kwargs: Any) -> Any:
+        result = original(*args, **kwargs)
+        mark(name, **fields)
+        if own:
+            setattr(obj, method, original)
+        else:
+            delattr(obj, method)  # the class's method again
+        return result
+
+    setattr(obj, method, first)
