@@ -2,8 +2,9 @@
 
 With ``MPRL_TIMELINE=FILE`` in the environment, every process of a run (the main process, its
 children, a Ray actor on this machine) appends one JSON line to ``FILE`` as it passes a mark:
-``{"mark": "child-ready", "t": <time.time()>, "pid": ..., ...}``. ``benchmarks/startup.py``
-reads them; without the variable a mark costs one dictionary lookup and nothing is written.
+``{"mark": "child-ready", "t": <time.time()>, "pid": ..., "ppid": ..., ...}``.
+``benchmarks/startup.py`` reads them; without the variable a mark costs one dictionary lookup
+and nothing is written.
 """
 
 from __future__ import annotations
@@ -26,7 +27,9 @@ def mark(name: str, **fields: Any) -> None:
     path = os.environ.get(VARIABLE)
     if not path:
         return
-    line = json.dumps({"mark": name, "t": time.time(), "pid": os.getpid(), **fields})
+    line = json.dumps(
+        {"mark": name, "t": time.time(), "pid": os.getpid(), "ppid": os.getppid(), **fields}
+    )
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     try:
         os.write(fd, (line + "\n").encode())  # one write: lines of processes never interleave

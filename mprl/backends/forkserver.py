@@ -53,12 +53,10 @@ def stop_forkserver() -> None:
         server._stop()  # reaps it and removes its socket
 
 
-def start_early(argv: Sequence[str]) -> bool:
-    """Start the forkserver now when command line ``argv`` (``python -m mprl``'s) runs the
-    local backend, which forks its children from it: it then imports torch while this process
-    does. True when it was started. A run that turns out not to use it (another backend in a
-    config file, a resumed Ray run) stops it: :func:`stop_unclaimed`."""
-    global _early
+def wants_forkserver(argv: Sequence[str]) -> bool:
+    """Whether command line ``argv`` (``python -m mprl``'s) runs the local backend with its
+    children forked from a forkserver, as far as the command line says (a config file or a
+    resumed run may still name another backend)."""
     args = list(argv)
     if not args or args[0] != "run" or "forkserver" not in mp.get_all_start_methods():
         return False
@@ -70,12 +68,26 @@ def start_early(argv: Sequence[str]) -> bool:
             return False
         if name == "--start-method" and value != "forkserver":
             return False
+    return True
+
+
+def start_early(argv: Sequence[str]) -> bool:
+    """Start the forkserver now when command line ``argv`` :func:`wants_forkserver`: it then
+    imports torch while this process does. True when it was started. A run that turns out not
+    to use it (another backend in a config file, a resumed Ray run) stops it once its backend
+    has prepared (:func:`stop_unclaimed`)."""
+    global _early
+    if not wants_forkserver(argv):
+        return False
     from multiprocessing import forkserver
+
+    from mprl.timeline import mark
 
     mp.get_context("forkserver").set_forkserver_preload(list(FORKSERVER_PRELOAD))
     with child_environment(1):
         forkserver.ensure_running()  # returns at once: the server imports in the background
     _early = True
+    mark("forkserver", server=forkserver._forkserver._forkserver_pid)  # type: ignore[attr-defined]
     return True
 
 

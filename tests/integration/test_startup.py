@@ -1,0 +1,106 @@
+"""Start-up as a measured cost (benchmarks/startup.py reads what these check): ``import mprl``
+loads no torch, so ``python -m mprl run`` starts its children's forkserver before it imports
+torch; mprl's Adam is built and used without ``torch._dynamo``; the run's timeline marks come
+in order from every process; and a forkserver started early for a run that does not use it is
+stopped as soon as the run's backend is known."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+from tests.conftest import alive, cli, running, wait_for_metrics, wait_until
+
+
+def _python(code: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_import_mprl_loads_no_torch_and_its_names_load_on_first_use():
+    done = _python("""
+        import sys
+        import mprl
+        assert "torch" not in sys.modules, "import mprl imported torch"
+        assert "mprl.host.runner" not in sys.modules
+        from mprl import Algorithm, Context, schema, hookimpl
+        assert Algorithm.__module__ == "mprl.algorithm" and Context.__module__ == "mprl.context"
+        assert schema.Schema is mprl.schema.Schema and callable(mprl.run) and callable(mprl.load)
+        assert "torch" in sys.modules
+        print("ok")
+    """)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+def test_mprl_adam_is_built_stepped_and_saved_without_importing_torch_dynamo():
+    done = _python("""
+        import sys
+        import torch
+        from mprl.lib.nets import Adam
+        from mprl_mappo.algorithm import MAPPOConfig, make_optimizer
+        model = torch.nn.Linear(4, 2)
+        for opt in (Adam(model.parameters(), lr=1e-3, fused=True),
+                    make_optimizer(model.parameters(), MAPPOConfig())):
+            model(torch.randn(3, 4)).sum().backward()
+            before = model.weight.detach().clone()
+            opt.step()
+            opt.zero_grad()
+            assert not torch.equal(before, model.weight)
+            opt.load_state_dict(opt.state_dict())
+        assert "torch._dynamo" not in sys.modules, "torch._dynamo was imported"
+        print("ok")
+    """)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+def _marks(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_the_children_fork_from_a_server_started_before_the_cli_imported_torch(tmp_path):
+    timeline, run_dir = tmp_path / "timeline.jsonl", tmp_path / "run"
+    done = cli(
+        "run", "--plugin", "a3c", "--workers", "2", "--total-steps", "400", "--quiet",
+        "--run-dir", str(run_dir), env={"MPRL_TIMELINE": str(timeline)}, timeout=180,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    marks = _marks(timeline)
+    at = {m["mark"]: m for m in reversed(marks)}  # the first of each
+    order = ["forkserver", "main", "plugins", "prepared", "state", "launch", "child-main",
+             "child-ready", "env-step", "stopping", "stopped", "released", "finished"]  # fmt: skip
+    times = [at[name]["t"] for name in order]
+    gaps = [(n, round(t - times[0], 3)) for n, t in zip(order, times, strict=True)]
+    assert times == sorted(times), gaps
+    server = at["forkserver"]["server"]
+    children = [m for m in marks if m["mark"] == "child-main"]
+    assert {m["source"] for m in children} == {"worker:0", "worker:1"}
+    assert {m["ppid"] for m in children} == {server}  # forked by the early server
+    main = at["main"]["pid"]
+    assert all(m["pid"] == main for m in marks if m["mark"] in ("launch", "finished"))
+    assert {m["source"] for m in marks if m["mark"] == "update"} == {"worker:0", "worker:1"}
+    assert not alive(server)  # the run stopped it
+
+
+def test_a_server_started_early_for_a_run_on_another_backend_is_stopped_once_it_is_known(
+    tmp_path,
+):
+    """The command line says nothing of the backend; the config file names the serial one."""
+    config, timeline = tmp_path / "serial.toml", tmp_path / "timeline.jsonl"
+    config.write_text('[run]\nbackend = "serial"\nworkers = 1\n')
+    run_dir = tmp_path / "run"
+    args = ["--plugin", "a3c", "--config", str(config), "--total-steps", "10000000", "--quiet",
+            "--run-dir", str(run_dir)]  # fmt: skip
+    env = {**os.environ, "MPRL_TIMELINE": str(timeline)}
+    with running(args, env=env) as proc:
+        wait_for_metrics(run_dir)  # it runs, serially
+        server = next(m["server"] for m in _marks(timeline) if m["mark"] == "forkserver")
+        wait_until(lambda: not alive(server), "the unused forkserver to stop", timeout=30)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 130, err
+    assert "launch" not in {m["mark"] for m in _marks(timeline)}  # serial: no child processes
