@@ -1,4 +1,4 @@
-"""``python -m mprl``: run, plugins, plot, eval, runs.
+"""``python -m mprl``: run, sweep, plugins, plot, eval, runs.
 
 Exit codes: 0 finished, 1 the run failed (a process crashed, the disk filled up), 2 bad usage or
 config (nothing was started), 130 / 143 / 129 stopped by SIGINT / SIGTERM / SIGHUP after a clean
@@ -53,6 +53,7 @@ def _parser(pm: PluginManager | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"mprl {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _add_run(sub, common, pm.run_options() if pm is not None else RunOptions([]))
+    _add_sweep(sub, common, pm.run_options() if pm is not None else RunOptions([]))
     plugins = sub.add_parser("plugins", parents=[common], help="list installed plugins")
     plugins.add_argument("--json", action="store_true", help="machine-readable output")
     _add_plot(sub)
@@ -108,6 +109,80 @@ def _add_run(sub: Any, common: argparse.ArgumentParser, options: RunOptions) -> 
         help="debug: run the workers and train process in this process, taking turns (same as "
         "--backend serial): nothing spawned, repeatable for a seed, breakpoint() works",
     )  # fmt: skip
+
+
+def _add_sweep(sub: Any, common: argparse.ArgumentParser, options: RunOptions) -> None:
+    sweep = sub.add_parser(
+        "sweep", parents=[common], help="run several seeds, a grid or an Optuna search",
+        description="Run one config over several seeds, a grid (every combination x every "
+        "seed) or an Optuna search over config fields and run options; each run is a normal "
+        "`run` with its own run directory under SWEEP_DIR/trials/. Ctrl-C stops it cleanly; "
+        "--resume SWEEP_DIR (or the same command again) continues it. Needs Optuna "
+        '(pip install "mprl[sweep]"). Ends with a table (also SWEEP_DIR/results.csv, '
+        "results.json) and a plot (SWEEP_DIR/sweep.png).",
+    )  # fmt: skip
+    sweep.add_argument("--plugin", help="the algorithm to run (as for run)")
+    sweep.add_argument(
+        "--seeds", default="1", metavar="SPEC",
+        help="the seeds of every config: a range 0-9 (both ends in), a list 0,3,7 or a count "
+        "5 (= 0-4) [default 1: seed 0]",
+    )  # fmt: skip
+    sweep.add_argument(
+        "--grid", action="append", default=[], metavar="NAME=V1,V2",
+        help="a grid axis over a config field or run option (repeatable: every combination), "
+        "e.g. --grid lr=1e-3,3e-4 --grid hidden=[64,64],[128,128]",
+    )  # fmt: skip
+    sweep.add_argument(
+        "--search", action="append", default=[], metavar="NAME=DIST",
+        help="an Optuna search axis (repeatable): log(LOW,HIGH), uniform(LOW,HIGH), "
+        'int(LOW,HIGH), intlog(LOW,HIGH) or choice(A,B,...), e.g. --search "lr=log(1e-4,1e-2)"',
+    )  # fmt: skip
+    sweep.add_argument(
+        "--trials", type=int, default=None, metavar="N",
+        help="with --search: how many configs to try [default 20]",
+    )  # fmt: skip
+    sweep.add_argument(
+        "--objective", default="return", choices=["return", "time", "steps"],
+        help="what the search optimises and the table sorts by: return (maximise the mean over "
+        "seeds of the final mean return(100)), time / steps (minimise the median over seeds of "
+        "the wall seconds / env steps to solve; unsolved counts as --max-time / --total-steps, "
+        "inf without) [default return]",
+    )  # fmt: skip
+    sweep.add_argument(
+        "--sampler", default="tpe", choices=["tpe", "random"],
+        help="Optuna's sampler for --search [default tpe]",
+    )  # fmt: skip
+    sweep.add_argument(
+        "--parallel", type=int, default=None, metavar="K",
+        help="runs at a time [default: the cores (a Ray cluster's CPUs with --backend ray "
+        "--ray-address) over the processes of one run, at least 1]",
+    )  # fmt: skip
+    sweep.add_argument(
+        "--sweep-dir", metavar="DIR",
+        help="where the sweep writes (default: sweeps/PLUGIN-ENV-TIME); an existing one holding "
+        "the same sweep is continued",
+    )  # fmt: skip
+    sweep.add_argument(
+        "--resume", metavar="SWEEP_DIR", help="continue the sweep in SWEEP_DIR as it was given"
+    )
+    sweep.add_argument(
+        "--report", metavar="SWEEP_DIR",
+        help="print the results table of SWEEP_DIR (and write its results files and plot); runs "
+        "nothing",
+    )  # fmt: skip
+    sweep.add_argument(
+        "--config", metavar="FILE.toml", help="algorithm config; a [run] table sets run options"
+    )
+    sweep.add_argument(
+        "--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE",
+        help="set an algorithm config field for every run (repeatable)",
+    )  # fmt: skip
+    for owner, rows in options.groups():
+        title = "run options of every run"
+        if owner != "mprl":
+            title = f"run options of plugin {owner}"
+        _add_options(sweep.add_argument_group(title), rows)
+    sweep.set_defaults(serial=False)
 
 
 def _add_options(group: Any, rows: list[tuple[str, str, str, str]]) -> None:
@@ -273,6 +348,28 @@ def _final_line(s: Summary) -> str:
     )
 
 
+def _cmd_sweep(args: argparse.Namespace, pm: PluginManager) -> int:
+    from mprl.tools import sweep
+
+    if args.report:
+        print(sweep.write_results(args.report))
+        return 0
+    if args.resume:
+        return sweep.run_sweep(pm, None, args.resume, parallel=args.parallel, trials=args.trials)
+    if not args.plugin:
+        installed = ", ".join(sorted(pm.algorithms())) or "none"
+        raise UsageError(
+            f"sweep needs --plugin NAME (or --resume SWEEP_DIR); installed: {installed}"
+        )
+    config, options = _run_inputs(args, pm.run_options())
+    spec = sweep.make_spec(
+        pm, args.plugin, config=config, run=options, seeds=args.seeds, grid=args.grid,
+        search=args.search, trials=args.trials, objective=args.objective, sampler=args.sampler,
+        blocked=_blocked(args.plugin_options),
+    )  # fmt: skip
+    return sweep.run_sweep(pm, spec, args.sweep_dir, parallel=args.parallel)
+
+
 def _cmd_plugins(args: argparse.Namespace) -> int:
     pm = get_plugin_manager(blocked=_blocked(args.plugin_options))
     infos = pm.info()
@@ -358,7 +455,7 @@ def _plugins_for(argv: Sequence[str]) -> PluginManager | None:
     pre.add_argument("command", nargs="?")
     pre.add_argument("-p", dest="plugin_options", action="append", default=[])
     known, _ = pre.parse_known_args(argv)
-    if known.command != "run":
+    if known.command not in ("run", "sweep"):
         return None
     return get_plugin_manager(blocked=_blocked(known.plugin_options))
 
@@ -374,6 +471,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "run":
             assert pm is not None
             return _cmd_run(args, parser, pm)
+        if args.command == "sweep":
+            assert pm is not None
+            return _cmd_sweep(args, pm)
         if args.command == "plot":
             return _cmd_plot(args)
         if args.command == "eval":
