@@ -5,6 +5,15 @@ children, a Ray actor on this machine) appends one JSON line to ``FILE`` as it p
 ``{"mark": "child-ready", "t": <time.time()>, "pid": ..., "ppid": ..., ...}``.
 ``benchmarks/startup.py`` reads them; without the variable a mark costs one dictionary lookup
 and nothing is written.
+
+The marks, in the order a run passes them: ``forkserver`` (``python -m mprl run`` started its
+children's server, pid ``server``), ``main`` (the CLI's imports done), ``plugins`` (plugins
+discovered), ``prepared`` (job and backend prepared), ``manager`` (a Manager server answers),
+``state`` (shared state built), ``launch`` (a child started, ``source``), ``child-main`` and
+``child-ready`` (in the child: its entry, then seeded and about to run the plugin's function),
+``env-step`` (an env's first ``step`` returned), ``update`` (a process's first optimizer step),
+``stopping``, ``stopped`` (every child ended), ``released`` and ``finished`` (the summary is
+written).
 """
 
 from __future__ import annotations
