@@ -246,7 +246,8 @@ class Spec:
         return out
 
     def grid_points(self) -> list[dict[str, str]]:
-        """Every combination of the grid's values, in the order given ({} without a grid)."""
+        """Every combination of the grid's values, in the order given (``[{}]`` without a
+        grid: one config)."""
         names = list(self.grid)
         return [
             dict(zip(names, combo, strict=True)) for combo in itertools.product(*self.grid.values())
@@ -721,10 +722,9 @@ class Sweep:
         )  # fmt: skip
         trials = self.study.get_trials(deepcopy=False)
         if not trials:
+            # a grid (seeds alone: its one point, {}) is asked in order, as enqueued
             for params in self.spec.grid_points() if not self.spec.is_search else []:
                 self.study.enqueue_trial(params)
-            if not self.spec.grid and not self.spec.is_search:
-                self.study.enqueue_trial({})
             return ""
         State = optuna.trial.TrialState
         stale = [t for t in trials if t.state == State.RUNNING]
@@ -766,8 +766,10 @@ class Sweep:
         for seed in self.spec.seeds:
             path = self.root / "trials" / f"{config.key}-seed{seed}"
             if is_done(path):  # an earlier session ran it: its result stands
-                self._result(config, seed, path, reused=True)
+                self._result(config, seed, path)
                 continue
+            if any(r.path == path for r in (*self.pending, *self.running)):
+                raise RuntimeError(f"config {config.key} seed {seed} asked twice")  # a bug
             if path.exists():  # interrupted: run again from scratch
                 shutil.rmtree(path)
             self.pending.append(_Run(config, seed, path, self.root / "logs" / f"{path.name}.log"))
@@ -805,14 +807,17 @@ class Sweep:
             run.proc.send_signal(signal.SIGINT)
 
     # results
-    def _result(self, config: _Config, seed: int, path: Path, reused: bool = False) -> None:
+    def _result(self, config: _Config, seed: int, path: Path, started: float | None = None) -> None:
         run = read_run(path)
         summary, options = run.summary or {}, run.config.get("run") or {}
         config.results[seed] = (summary, options)
         config.left.discard(seed)
         self.done += 1
         total = self.total_configs() * len(self.spec.seeds)
-        when = "earlier" if reused else format_wall(summary.get("wall_s"))
+        when = "done earlier"
+        if started is not None:
+            elapsed = format_wall(time.monotonic() - started)
+            when = f"run {format_wall(summary.get('wall_s'))}, {elapsed} with its start"
         outcome = _outcome(summary)
         say(f"mprl sweep: [{self.done}/{total}] {config.key} seed {seed}: {outcome} ({when})")
 
@@ -825,7 +830,7 @@ class Sweep:
     def _ended(self, run: _Run, code: int) -> None:
         self.running.remove(run)
         if is_done(run.path):
-            self._result(run.config, run.seed, run.path)
+            self._result(run.config, run.seed, run.path, run.started)
             if not run.config.left:
                 self._tell(run.config)
             return
@@ -987,11 +992,8 @@ def run_sweep(
             raise UsageError(f"--parallel {k}: give 1 or more")
         sweep = Sweep(root, spec, k, pm)
         resumed = sweep.open_study()
-        what = (
-            f"{spec.trials} configs (search)"
-            if spec.is_search
-            else f"{sweep.total_configs()} configs"
-        )
+        n = sweep.total_configs()
+        what = f"{n} config{'s' * (n != 1)}" + (" (search)" if spec.is_search else "")
         seeds = len(spec.seeds)
         say(f"mprl sweep: {spec.plugin}: {what} x {seeds} seeds, {k} runs at a time -> {root}")
         if resumed:
