@@ -297,6 +297,9 @@ def make_spec(
     known = pm.run_options()
     for name in spec.axes:
         _check_axis(spec, name, algo.config_cls, known)
+    for name, values in spec.grid.items():  # each value on its own: the error names it
+        for value in values:
+            trial_inputs(spec, {name: value}, algo.config_cls, known, f"--grid {name}={value}")
     for values in spec.grid_points() or [{}]:  # every combination builds, as a run would
         trial_inputs(spec, values, algo.config_cls, known)
     return spec
@@ -333,7 +336,7 @@ def _check_axis(spec: Spec, name: str, config_cls: type, known: Any) -> None:
     for value in values:  # both ends (each choice) must be values the field takes
         params = {name: value if not isinstance(value, float) or dist.kind == "choice" else
                   (int(value) if dist.kind in ("int", "intlog") else value)}  # fmt: skip
-        trial_inputs(spec, params, config_cls, known)
+        trial_inputs(spec, params, config_cls, known, f"--search {name}={spec.search[name]}")
 
 
 def _value(known: Any, name: str, value: Any) -> Any:
@@ -346,7 +349,7 @@ def _value(known: Any, name: str, value: Any) -> Any:
 
 
 def trial_inputs(
-    spec: Spec, params: Mapping[str, Any], config_cls: type, known: Any
+    spec: Spec, params: Mapping[str, Any], config_cls: type, known: Any, source: str = ""
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The algorithm config and run options of the config ``params``, checked as a run checks
     them (an error names the field and ``--grid`` / ``--search``)."""
@@ -355,7 +358,7 @@ def trial_inputs(
     for name, value in params.items():
         (config if name in fields else run)[name] = _value(known, name, value)
     where = ", ".join(f"{n}={v}" for n, v in params.items()) or "the base config"
-    source = f"sweep config {where}"
+    source = source or f"sweep config {where}"
     build(config_cls, config, source=source)
     known.check(run, source)
     return config, run
