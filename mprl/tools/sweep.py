@@ -211,6 +211,7 @@ class Spec:
     objective: str = "return"
     sampler: str = "tpe"
     blocked: list[str] = field(default_factory=list)
+    parallel: int | None = None  # --parallel as last given; None: the default
 
     @property
     def axes(self) -> list[str]:
@@ -235,7 +236,7 @@ class Spec:
     def identity(self) -> dict[str, Any]:
         """What must match for a sweep directory to be continued (not ``trials``: a search
         may be given more)."""
-        return {k: v for k, v in self.to_dict().items() if k != "trials"}
+        return {k: v for k, v in self.to_dict().items() if k not in ("trials", "parallel")}
 
     def distributions(self) -> dict[str, Any]:
         """The Optuna distribution of each axis: a grid axis is a choice of its texts."""
@@ -739,6 +740,7 @@ class Sweep:
         for t in again:
             self.study.enqueue_trial(t.params, user_attrs={"retry_of": t.number})
         done = len(self.study.get_trials(deepcopy=False, states=(State.COMPLETE,)))
+        self.done = done * len(self.spec.seeds)
         return f"resuming: {done} configs done, {len(again)} to run again"
 
     def total_configs(self) -> int:
@@ -990,9 +992,12 @@ def run_sweep(
                 raise UsageError("--trials is the number of configs a --search tries")
             spec.trials = trials
             (root / SPEC_FILE).write_text(json.dumps(spec.to_dict(), indent=2) + "\n")
-        k = parallel or default_parallel(spec, pm)
-        if k < 1:
-            raise UsageError(f"--parallel {k}: give 1 or more")
+        if parallel is not None and parallel < 1:
+            raise UsageError(f"--parallel {parallel}: give 1 or more")
+        if parallel is not None and parallel != spec.parallel:  # kept for --resume
+            spec.parallel = parallel
+            (root / SPEC_FILE).write_text(json.dumps(spec.to_dict(), indent=2) + "\n")
+        k = spec.parallel or default_parallel(spec, pm)
         sweep = Sweep(root, spec, k, pm)
         resumed = sweep.open_study()
         n = sweep.total_configs()
