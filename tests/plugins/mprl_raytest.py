@@ -5,6 +5,12 @@ episodes on a Queue; the train process takes them, counts updates in a Value and
 changed together under a Lock, and marks the model (``marker`` = its update count), so a test
 can see that workers on other nodes act with the train process's model. Faults on request, like
 the probe plugin's: ``--set fault=raise|sigkill|hang`` at a worker's ``fault_at_step``.
+
+Algorithm ``versions``: the learner publishes its model through a ``Weights`` field every few
+milliseconds, each version marked (``marker`` = the version, one Adam step per version); each
+worker pulls into ``ctx.model`` itself now and then and counts the steps it acted with a model
+whose marker is not the version it pulled (``wrong``): the driver must not load anything else
+into a worker's ``ctx.model`` (a plugin with ``Weights`` gets no model relayed).
 """
 
 from __future__ import annotations
@@ -135,8 +141,74 @@ def train(ctx: mprl.Context) -> None:
             model.marker.fill_(float(n))
 
 
+@attrs.frozen
+class VersionsConfig:
+    pull_every: int = attrs.field(default=50, metadata={"help": "worker steps between pulls"})
+    publish_sleep: float = attrs.field(default=0.002, metadata={"help": "seconds per update"})
+
+
+VERSIONS = schema.Schema(
+    weights=schema.Weights(),
+    pulled=schema.PerWorker(0),  # the newest version each worker pulled
+    checked=schema.PerWorker(0),  # steps acted with a pulled version (> 0)
+    wrong=schema.PerWorker(0),  # steps acted with a marker that is not the version pulled
+)
+
+
+def make_adam(params, config):
+    return torch.optim.Adam(params, lr=1e-3)
+
+
+def versions_worker(ctx: mprl.Context) -> None:
+    cfg: VersionsConfig = ctx.config
+    env, state, model = ctx.make_env(), ctx.state, ctx.model
+    version, checked, wrong, steps = -1, 0, 0, 0
+    env.reset(seed=ctx.seed)
+    while not ctx.should_stop():
+        if steps % cfg.pull_every == 0:
+            version = state.weights.pull(model, version)
+        marker = float(model.marker)
+        if version > 0:
+            checked += 1
+            wrong += marker != float(version)
+        _, _, term, trunc, _ = env.step(env.action_space.sample())
+        if term or trunc:
+            env.reset()
+            state.pulled[ctx.rank], state.checked[ctx.rank] = version, checked
+            state.wrong[ctx.rank] = wrong
+        steps += 1
+        ctx.add_steps(1)
+    state.pulled[ctx.rank], state.checked[ctx.rank], state.wrong[ctx.rank] = version, checked, wrong
+
+
+def versions_train(ctx: mprl.Context) -> None:
+    cfg: VersionsConfig = ctx.config
+    model, weights, optimizer = ctx.model, ctx.state.weights, ctx.optimizer
+    while not ctx.should_stop():
+        with weights.publishing(model):  # one Adam step and the marker: one version
+            optimizer.zero_grad()
+            model.policy(torch.ones(1, model.policy.in_features)).sum().backward()
+            optimizer.step()
+            with torch.no_grad():
+                model.marker.fill_(float(weights.version + 1))
+        time.sleep(cfg.publish_sleep)
+
+
 @mprl.hookimpl
 def mprl_register_algorithms(register):
+    register(
+        mprl.Algorithm(
+            name="versions",
+            config_cls=VersionsConfig,
+            make_model=make_model,
+            make_optimizer=make_adam,
+            worker=versions_worker,
+            train=versions_train,
+            schema=VERSIONS,
+            default_env="CartPole-v1",
+            description="test plugin: weights through a Weights field, checked by the workers",
+        )
+    )
     register(
         mprl.Algorithm(
             name="relay",

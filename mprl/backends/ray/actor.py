@@ -8,6 +8,7 @@ pending metric records out: the function itself never makes a remote call to rep
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import threading
@@ -23,6 +24,9 @@ from mprl.backends.child import Trained, run_child
 from mprl.backends.ray import transport
 from mprl.context import Context, episode_record
 from mprl.timeline import mark
+
+#: the longest a read of the train process's state waits for its update in progress to end
+UPDATE_WAIT_S = 2.0
 
 
 class ActorChannel:
@@ -115,15 +119,16 @@ class ChildActor:
         self,
         stop: bool,
         env_steps: int,
-        want_state: bool,
-        model: list[Any] | None,
+        share_model: bool = False,
+        model: list[Any] | None = None,
         info: dict[str, Any] | None = None,
     ) -> dict:
-        """Exchange with the driver: see the module's docstring. ``model`` (a reference to the
-        train process's model weights) is copied into this worker's ``ctx.model``;
-        ``want_state`` asks the train process for references to its model, optimizers and
-        modules; ``info`` refreshes this process's cache of the transport hub's versions and
-        totals, and the answer carries the hub's own when this actor hosts it."""
+        """Exchange with the driver: see the module's docstring. ``share_model`` asks the train
+        process to put its model's weights in Ray's object store, for workers that act with
+        ``ctx.model`` (the answer's ``model``: a reference, which the driver passes on without
+        reading it); ``model`` is such a reference, copied into this worker's ``ctx.model``;
+        ``info`` refreshes this process's cache of the transport hub's versions and totals,
+        and the answer carries the hub's own when this actor hosts it."""
         transport.note(info)
         channel = self.channel
         if stop:
@@ -135,36 +140,62 @@ class ChildActor:
         out["silent"] = None if beat == 0 else time.monotonic() - abs(beat)
         out["starting"] = beat <= 0
         if ctx is not None and model is not None:
-            with torch.no_grad():
-                ctx.model.load_state_dict(ray.get(model[0]))
-        if ctx is not None and self.trained is not None and want_state:
-            out["state"] = self._state(ctx, self.trained)
-        if self.ctx is not None and self.ctx.role == "trainer":
+            # owned by the train process: gone with it (the run is failing then)
+            with contextlib.suppress(ray.exceptions.RayError, TimeoutError):
+                weights = ray.get(model[0], timeout=transport.CALL_TIMEOUT_S)
+                with torch.no_grad():
+                    ctx.model.load_state_dict(weights)
+        if ctx is not None and self.trained is not None and share_model:
+            weights = self.trained.model.state_dict()
+            copied = {k: v.detach().to("cpu", copy=True) for k, v in weights.items()}
+            out["model"] = [ray.put(copied)]
+        if ctx is not None and ctx.role == "trainer":
             out["hub"] = self.hub.info()
         return out
 
-    @staticmethod
-    def _state(ctx: Context, trained: Trained) -> dict[str, list[Any]] | None:
-        """References to this process's model and optimizer states (read while it may be
-        training, as the local backend's checkpoint reads shared memory); ``None`` when an
-        optimizer changed shape under the read."""
-        try:
-            weights = trained.model.state_dict()
-            model = {k: v.detach().to("cpu", copy=True) for k, v in weights.items()}
-            optimizer = trained.optimizer
-            optimizers = {
-                "optimizer": optimizer.state_dict() if optimizer is not None else None,
-                "optimizers": {k: o.state_dict() for k, o in trained.optimizers.items()},
-            }
-            modules = {
-                name: {k: v.detach().clone() for k, v in value.state_dict().items()}
-                for name, value in vars(ctx.state).items()
-                if isinstance(value, torch.nn.Module)
-            }
-            return {
-                "model": [ray.put(model)],
-                "optimizers": [ray.put(optimizers)],
-                "modules": [ray.put(modules)],
-            }
-        except RuntimeError:  # a dict changed size during iteration: next poll
+    def state(self) -> dict[str, list[Any]] | None:
+        """References to the train process's model, optimizer and module states, copied to
+        the CPU between two of its ``Weights`` updates (it waits meanwhile: a checkpoint holds
+        a whole update, its model and optimizers of the same moment). The driver asks when it
+        writes a checkpoint or plays the model. ``None`` before the function started, or when
+        an optimizer changed shape under the read (a learner that publishes no weights is
+        read while it trains, as the local backend's checkpoint reads shared memory)."""
+        ctx, trained = self.ctx, self.trained
+        if ctx is None or trained is None:
             return None
+        # a learner stuck inside an update (or one that publishes none) is read as it is
+        whole = self.hub.publishing.acquire(timeout=UPDATE_WAIT_S)
+        try:
+            optimizer = trained.optimizer
+            copied = _on_cpu(
+                {
+                    "model": trained.model.state_dict(),
+                    "optimizers": {
+                        "optimizer": optimizer.state_dict() if optimizer is not None else None,
+                        "optimizers": {k: o.state_dict() for k, o in trained.optimizers.items()},
+                    },
+                    "modules": {
+                        name: value.state_dict()
+                        for name, value in vars(ctx.state).items()
+                        if isinstance(value, torch.nn.Module)
+                    },
+                }
+            )
+        except RuntimeError:  # a dict changed size during iteration: asked again next time
+            return None
+        finally:
+            if whole:
+                self.hub.publishing.release()
+        return {name: [ray.put(part)] for name, part in copied.items()}
+
+
+def _on_cpu(value: Any) -> Any:
+    """``value`` (state dicts: dicts, lists, tensors, numbers) with every tensor copied to the
+    CPU, detached: a snapshot the owner's next update does not change."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        return {k: _on_cpu(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_on_cpu(v) for v in value)
+    return value

@@ -9,9 +9,14 @@ stop sequence) is :class:`mprl.backends.supervisor.Supervisor`'s.
   driver's node address, with a random per-run key (never an open port without
   authentication): the same objects, so the same semantics, as on the local backend.
 - Rollouts and weights go to a hub in the train process's actor, inline when small, through
-  Ray's object store when large (:mod:`mprl.backends.ray.transport`).
-- The train process's model and optimizers are fetched every :data:`SYNC_S` seconds: they are
-  what checkpoints and the policy check read, and workers' ``ctx.model`` follows them.
+  Ray's object store when large (:mod:`mprl.backends.ray.transport`): the driver is not on
+  their way.
+- The train process's model, optimizers and modules are fetched only when the driver reads its
+  copies of them: a checkpoint, the policy check, an evaluation (state-dict hooks on those
+  copies, :meth:`_RaySupervisor.fetch_state`), and once at the end.
+- A plugin without a ``Weights`` field whose workers act with ``ctx.model``: every
+  :data:`SYNC_S` seconds the train process puts its model in Ray's object store, and each
+  worker loads it from there; the driver passes the reference on and never reads it.
 - Shared-memory kinds (``Tensor``) and Hogwild (workers training one shared model) need one
   machine's memory: they are refused before anything starts.
 """
@@ -19,6 +24,7 @@ stop sequence) is :class:`mprl.backends.supervisor.Supervisor`'s.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import secrets
 import time
@@ -39,7 +45,8 @@ from mprl.run_types import ChildFailure
 from mprl.schema import SharedState
 
 INSTALL = cluster.INSTALL
-#: seconds between fetches of the train process's model and optimizers
+#: seconds between the train process's model shares with workers that act with ``ctx.model``
+#: (a plugin without a ``Weights`` field)
 SYNC_S = 1.0
 #: seconds children get to return after the stop flag, before their actors are killed
 STOP_GRACE_S = 5.0
@@ -168,6 +175,19 @@ class _RayChild(Child):
     model_sent: int = -1  # the generation of the train process's model it was last sent
 
 
+#: per driver's supervisor, what its state-dict hooks call (see :func:`_fetch_on_read`)
+_READERS: dict[int, Any] = {}
+
+
+def _fetch_on_read(key: int, *_: Any) -> None:
+    """A state-dict pre-hook on the driver's copies of the train process's model, optimizers and
+    modules: they are brought up to date before they are read. The hook travels with the model
+    to the actors, where it does nothing (``key`` is not one of theirs)."""
+    fetch = _READERS.get(key)
+    if fetch is not None:
+        fetch()
+
+
 class _RaySupervisor(Supervisor):
     """Ray actors, seen through their run references and polls."""
 
@@ -185,10 +205,23 @@ class _RaySupervisor(Supervisor):
         self.authkey = secrets.token_bytes(32)
         self.options = job.run.of(cluster.RayOptions)
         self.learner = _learner(job)
+        # workers that act with ctx.model get the train process's, by reference, every SYNC_S:
+        # unless they read weights through a Weights field (every built-in plugin)
+        fields = job.algorithm.schema.fields.values()
+        self.share_model = job.algorithm.train is not None and not any(
+            f.kind == "Weights" for f in fields
+        )
         self.model_ref: list[Any] | None = None
         self.hub_info: dict[str, Any] | None = None  # the hub's versions and totals, to pass on
         self.model_gen = 0
         self.last_sync = time.monotonic()
+        #: the times the driver fetched the train process's state (checkpoints, the policy
+        #: check, evaluations, the end), each also a ``learner-state`` record in the metrics
+        self.state_fetches = 0
+        self.ticks = 0  # take() calls: one fetch per tick at most
+        self.fetched_at = -1  # the tick of the last fetch
+        self.final = False  # the final state is read: the driver's copies are the run's now
+        self.hooks: list[Any] = []
         self.hub: Any = None
         self.server: ManagerServer | None = None
 
@@ -213,7 +246,30 @@ class _RaySupervisor(Supervisor):
             manager = self.server.manager
         job = self.job
         builder = RayStateBuilder(manager, self.hub, job.model, job.algorithm.make_model)
-        return job.build_state(builder)
+        state, skipped = job.build_state(builder)
+        if job.algorithm.train is not None:
+            self._hook_reads(state)
+        return state, skipped
+
+    def _hook_reads(self, state: SharedState) -> None:
+        """Fetch the train process's state whenever the driver's copies are read (a
+        checkpoint, the policy check, an evaluation), and only then."""
+        import torch
+
+        key = id(self)
+        _READERS[key] = self.fetch_state
+        hook = functools.partial(_fetch_on_read, key)
+        job = self.job
+        readable = [job.model, *job.all_optimizers()]
+        readable += [v for v in vars(state).values() if isinstance(v, torch.nn.Module)]
+        self.hooks = [thing.register_state_dict_pre_hook(hook) for thing in readable]
+
+    def _unhook_reads(self) -> None:
+        self.final = True
+        _READERS.pop(id(self), None)
+        for handle in self.hooks:
+            handle.remove()
+        self.hooks = []
 
     def _hub_host(self) -> Any:
         """The actor that hosts the run's transport hub: the train process's (made before the
@@ -284,6 +340,7 @@ class _RaySupervisor(Supervisor):
         return steps
 
     def take(self) -> None:
+        self.ticks += 1
         self._poll_all(stop=False, wait_s=0.05)
 
     def request_stop(self) -> None:
@@ -295,7 +352,7 @@ class _RaySupervisor(Supervisor):
         import ray
 
         now = time.monotonic()
-        want_state = self.job.algorithm.train is not None and now - self.last_sync >= SYNC_S
+        share = self.share_model and now - self.last_sync >= SYNC_S
         total = sum(self.steps())
         for child in self._children():
             if not child.live() or (
@@ -308,10 +365,10 @@ class _RaySupervisor(Supervisor):
                 model, child.model_sent = self.model_ref, self.model_gen
             info = None if is_trainer else self.hub_info
             child.poll_ref = child.handle.poll.remote(
-                stop, total, want_state and is_trainer, model, info
+                stop, total, share and is_trainer, model, info
             )
             child.poll_sent = now
-            if want_state and is_trainer:
+            if share and is_trainer:
                 self.last_sync = now
         pending = [c.poll_ref for c in self._children() if c.poll_ref is not None and c.live()]
         if pending:
@@ -356,29 +413,47 @@ class _RaySupervisor(Supervisor):
         child.silent, child.starting = out["silent"], out["starting"]
         if out["records"]:
             self.monitor.on_records(out["records"])
-        if out.get("state"):
-            self._load_state(out["state"])
+        if out.get("model"):  # a reference, passed on to the workers unread
+            self.model_ref, self.model_gen = out["model"], self.model_gen + 1
         if out.get("hub"):
             self.hub_info = out["hub"]
 
-    def _load_state(self, state: Mapping[str, list[Any]]) -> None:
-        """The train process's model and optimizers, into the driver's copies (checkpoints and
-        the policy check read them) and on to the workers."""
+    def fetch_state(self, timeout: float = CALL_TIMEOUT_S) -> None:
+        """The train process's model, optimizers and modules of now, into the driver's copies:
+        called when they are read (once per tick at most: a checkpoint reads them all), and
+        once at the end. A train process that is gone or not started yet leaves them as they
+        were."""
+        import ray
+
+        trainer = next((c for c in self._children() if c.role.role == "trainer"), None)
+        if self.final or self.fetched_at == self.ticks or trainer is None or trainer.handle is None:
+            return
+        self.fetched_at = self.ticks
+        with contextlib.suppress(ray.exceptions.RayError, TimeoutError):
+            state = ray.get(trainer.handle.state.remote(), timeout=timeout)
+            if state:
+                self._load_state(state, timeout)
+                self.state_fetches += 1
+                # a record, not an event: logged, not shown (and no number for the progress line)
+                record = {"source": "main", "event": "learner-state", "time": time.time()}
+                self.monitor.on_records([{**record, "step": sum(self.steps())}])
+
+    def _load_state(self, state: Mapping[str, list[Any]], timeout: float) -> None:
+        """The train process's model, optimizers and modules, into the driver's copies."""
         import ray
 
         job = self.job
-        model = ray.get(state["model"][0], timeout=CALL_TIMEOUT_S)
+        model = ray.get(state["model"][0], timeout=timeout)
         job.model.load_state_dict(model)
-        optimizers = ray.get(state["optimizers"][0], timeout=CALL_TIMEOUT_S)
+        optimizers = ray.get(state["optimizers"][0], timeout=timeout)
         if job.optimizer is not None and optimizers["optimizer"] is not None:
             job.optimizer.load_state_dict(optimizers["optimizer"])
         for name, saved in optimizers["optimizers"].items():
             if name in job.optimizers:
                 job.optimizers[name].load_state_dict(saved)
-        modules = ray.get(state["modules"][0], timeout=CALL_TIMEOUT_S)
+        modules = ray.get(state["modules"][0], timeout=timeout)
         for name, saved in modules.items():
             getattr(self.state, name).load_state_dict(saved)
-        self.model_ref, self.model_gen = state["model"], self.model_gen + 1
 
     def pause(self, until: float, children: Sequence[Child]) -> None:
         import ray
@@ -437,7 +512,7 @@ class _RaySupervisor(Supervisor):
                 ray.wait([child.poll_ref], timeout=CALL_TIMEOUT_S)
                 self._answer(child)
             # then one sent now, which counts the function's last steps and records
-            child.poll_ref = child.handle.poll.remote(False, sum(self.steps()), False, None)
+            child.poll_ref = child.handle.poll.remote(False, sum(self.steps()))
             ray.wait([child.poll_ref], timeout=CALL_TIMEOUT_S)
             self._answer(child)
 
@@ -480,22 +555,20 @@ class _RaySupervisor(Supervisor):
         return None
 
     def after_stop(self) -> None:
-        """The train process's final state, then every actor but the hub killed (the hub
-        answers the final checkpoint)."""
-        import ray
-
+        """The train process's final state (of one that did not stop in time too: its actor is
+        still there), then every actor but the hub killed (the hub answers the final
+        checkpoint)."""
         trainer = next((c for c in self._children() if c.role.role == "trainer"), None)
-        if trainer is not None and trainer.handle is not None and _ready(trainer.run_ref):
-            with contextlib.suppress(Exception):  # gone: the last synced state is kept
-                ref = trainer.handle.poll.remote(True, sum(self.steps()), True, None)
-                out = ray.get(ref, timeout=CALL_TIMEOUT_S)
-                if out.get("state"):
-                    self._load_state(out["state"])
+        if trainer is not None:
+            self.fetched_at = -1
+            self.fetch_state(CALL_TIMEOUT_S if _ready(trainer.run_ref) else STOP_GRACE_S)
+        self._unhook_reads()  # what the final checkpoint reads (the policy check's weights too)
         for child in self.children:
             if child.handle is not self.hub:
                 self.kill(child)
 
     def kill_all(self) -> None:
+        self._unhook_reads()
         for child in self.children:
             self.kill(child)
 

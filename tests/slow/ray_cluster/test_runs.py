@@ -7,11 +7,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
+from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
-from tests.conftest import clean_stderr, cli, read_metrics
+from tests.conftest import clean_stderr, cli, read_metrics, running
 from tests.slow.ray_cluster import WORKER, placed, run_ray
 
 ray = pytest.importorskip("ray")
@@ -32,11 +35,15 @@ def test_impala_spreads_workers_over_nodes_and_resumes_on_the_local_backend(clus
     saved = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
     assert saved["shared_state"]["weights"]["version"] > 0  # the learner published updates
     assert saved["steps"][:2] == summary["per_worker_steps"][:2]
+    # the driver read the learner's state once, for the final checkpoint (no checkpoint before)
+    assert _fetches(read_metrics(run_dir)) == 1
     # the train process's model reached the driver: the checkpoint is not the initial model
-    again = cli("run", "--resume", str(run_dir), "--backend", "local", "--total-steps", "6000")
+    # (a local impala iteration can take thousands of steps: a budget past the Ray run's own)
+    more = str(summary["env_steps"] + 4000)
+    again = cli("run", "--resume", str(run_dir), "--backend", "local", "--total-steps", more)
     assert again.returncode == 0, again.stderr
     resumed = json.loads((run_dir / "summary.json").read_text())
-    assert resumed["env_steps"] >= 6000
+    assert resumed["env_steps"] >= int(more)
     last = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
     assert last["shared_state"]["weights"]["version"] > saved["shared_state"]["weights"]["version"]
 
@@ -70,6 +77,64 @@ def test_ppo_from_the_local_backend_resumes_on_ray(cluster, tmp_path):
     assert summary["env_steps"] >= 4000
     last = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["shared_state"]
     assert last["weights"]["version"] > version["weights"]["version"]  # ppo learned on Ray
+    assert _fetches(read_metrics(run_dir)) == 1  # the final checkpoint's
+
+
+def _fetches(records: list[dict[str, Any]]) -> int:
+    """How often the driver fetched the train process's state (``learner-state`` records)."""
+    return sum(r.get("event") == "learner-state" for r in records)
+
+
+def _checkpoint_of(path: Path) -> dict[str, Any] | None:
+    """What a checkpoint says of the learner: its model's marker (the version it holds), its
+    Adam steps, and the weights version the hub had published when it was written."""
+    try:
+        saved = torch.load(path, weights_only=True)
+    except (OSError, RuntimeError, EOFError):  # not there yet
+        return None
+    adam = saved["optimizer"]["state"].values()
+    return {
+        "marker": float(saved["model"]["marker"]),
+        "adam_steps": max([float(param["step"]) for param in adam], default=0.0),
+        "published": saved["shared_state"]["weights"]["version"],
+    }
+
+
+def test_weights_go_from_the_learner_to_the_workers_and_the_driver_reads_them_for_checkpoints(
+    cluster, tmp_path
+):
+    """A plugin with a ``Weights`` field: the driver relays no model to its workers (each acts
+    with exactly the version it pulled), and fetches the learner's state once per checkpoint,
+    never between them; each checkpoint holds the learner's model and optimizer of one moment,
+    no older than the weights published when it was written."""
+    run_dir = tmp_path / "run"
+    args = ["--backend", "ray", "--ray-address", cluster.address, "--plugin", "versions",
+            "--workers", "2", *WORKER, "--max-time", "25", "--checkpoint-every", "1",
+            "--run-dir", str(run_dir)]  # fmt: skip
+    seen: list[dict[str, Any]] = []
+    with running(args) as proc:
+        while proc.poll() is None:
+            found = _checkpoint_of(run_dir / "checkpoints" / "last.pt")
+            if found is not None and found["marker"] > 0 and found not in seen:
+                seen.append(found)
+            time.sleep(0.2)
+        _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 0, stderr
+    final = _checkpoint_of(run_dir / "checkpoints" / "last.pt")
+    assert final is not None
+    assert len(seen) >= 3, seen  # mid-run checkpoints of a learning learner
+    for found in [*seen, final]:
+        assert found["marker"] == found["adam_steps"]  # model and optimizer of one update
+        assert found["marker"] >= found["published"]  # fetched when written, not a second ago
+    state = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["shared_state"]
+    assert min(state["checked"]) > 0 and min(state["pulled"]) > 0
+    assert state["wrong"] == [0, 0]  # nothing but their own pulls changed their ctx.model
+    records = read_metrics(run_dir)
+    kinds = [r["event"] for r in records if r.get("event") in ("learner-state", "checkpoint")]
+    assert kinds.count("learner-state") >= 3
+    # a fetch is a checkpoint's: each one followed by its checkpoint, none between them
+    assert "learner-state learner-state" not in " ".join(kinds), kinds
+    assert kinds[-2:] == ["learner-state", "checkpoint"]
 
 
 def test_dqn_replay_counter_and_target_across_nodes_then_resumed_locally(cluster, tmp_path):
