@@ -122,36 +122,7 @@ def _add_sweep(sub: Any, common: argparse.ArgumentParser, options: RunOptions) -
         "results.json) and a plot (SWEEP_DIR/sweep.png).",
     )  # fmt: skip
     sweep.add_argument("--plugin", help="the algorithm to run (as for run)")
-    sweep.add_argument(
-        "--seeds", default="1", metavar="SPEC",
-        help="the seeds of every config: a range 0-9 (both ends in), a list 0,3,7 or a count "
-        "5 (= 0-4) [default 1: seed 0]",
-    )  # fmt: skip
-    sweep.add_argument(
-        "--grid", action="append", default=[], metavar="NAME=V1,V2",
-        help="a grid axis over a config field or run option (repeatable: every combination), "
-        "e.g. --grid lr=1e-3,3e-4 --grid hidden=[64,64],[128,128]",
-    )  # fmt: skip
-    sweep.add_argument(
-        "--search", action="append", default=[], metavar="NAME=DIST",
-        help="an Optuna search axis (repeatable): log(LOW,HIGH), uniform(LOW,HIGH), "
-        'int(LOW,HIGH), intlog(LOW,HIGH) or choice(A,B,...), e.g. --search "lr=log(1e-4,1e-2)"',
-    )  # fmt: skip
-    sweep.add_argument(
-        "--trials", type=int, default=None, metavar="N",
-        help="with --search: how many configs to try [default 20]",
-    )  # fmt: skip
-    sweep.add_argument(
-        "--objective", default="return", choices=["return", "time", "steps"],
-        help="what the search optimises and the table sorts by: return (maximise the mean over "
-        "seeds of the final mean return(100)), time / steps (minimise the median over seeds of "
-        "the wall seconds / env steps to solve; unsolved counts as --max-time / --total-steps, "
-        "inf without) [default return]",
-    )  # fmt: skip
-    sweep.add_argument(
-        "--sampler", default="tpe", choices=["tpe", "random"],
-        help="Optuna's sampler for --search [default tpe]",
-    )  # fmt: skip
+    _add_sweep_axes(sweep)
     sweep.add_argument(
         "--parallel", type=int, default=None, metavar="K",
         help="runs at a time [default: the cores (a Ray cluster's CPUs with --backend ray "
@@ -183,6 +154,40 @@ def _add_sweep(sub: Any, common: argparse.ArgumentParser, options: RunOptions) -
             title = f"run options of plugin {owner}"
         _add_options(sweep.add_argument_group(title), rows)
     sweep.set_defaults(serial=False)
+
+
+def _add_sweep_axes(sweep: argparse.ArgumentParser) -> None:
+    """``sweep``'s seeds, grid, search and objective."""
+    sweep.add_argument(
+        "--seeds", default="1", metavar="SPEC",
+        help="the seeds of every config: a range 0-9 (both ends in), a list 0,3,7 or a count "
+        "5 (= 0-4) [default 1: seed 0]",
+    )  # fmt: skip
+    sweep.add_argument(
+        "--grid", action="append", default=[], metavar="NAME=V1,V2",
+        help="a grid axis over a config field or run option (repeatable: every combination), "
+        "e.g. --grid lr=1e-3,3e-4 --grid hidden=[64,64],[128,128]",
+    )  # fmt: skip
+    sweep.add_argument(
+        "--search", action="append", default=[], metavar="NAME=DIST",
+        help="an Optuna search axis (repeatable): log(LOW,HIGH), uniform(LOW,HIGH), "
+        'int(LOW,HIGH), intlog(LOW,HIGH) or choice(A,B,...), e.g. --search "lr=log(1e-4,1e-2)"',
+    )  # fmt: skip
+    sweep.add_argument(
+        "--trials", type=int, default=None, metavar="N",
+        help="with --search: how many configs to try [default 20]",
+    )  # fmt: skip
+    sweep.add_argument(
+        "--objective", default="return", choices=["return", "time", "steps"],
+        help="what the search optimises and the table sorts by: return (maximise the mean over "
+        "seeds of the final mean return(100)), time / steps (minimise the median over seeds of "
+        "the wall seconds / env steps to solve; unsolved counts as --max-time / --total-steps, "
+        "inf without) [default return]",
+    )  # fmt: skip
+    sweep.add_argument(
+        "--sampler", default="tpe", choices=["tpe", "random"],
+        help="Optuna's sampler for --search [default tpe]",
+    )  # fmt: skip
 
 
 def _add_options(group: Any, rows: list[tuple[str, str, str, str]]) -> None:
