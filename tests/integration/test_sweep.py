@@ -12,7 +12,7 @@ import time
 
 from tests.conftest import cli, wait_until
 
-TINY = ["--plugin", "a3c", "--total-steps", "1000", "--workers", "1"]
+TINY = ["--plugin", "a3c", "--workers", "1"]
 
 
 def summary(path):
@@ -21,7 +21,7 @@ def summary(path):
 
 def test_a_grid_sweep_end_to_end(tmp_path):
     root = tmp_path / "sw"
-    proc = cli("sweep", *TINY, "--backend", "serial", "--grid", "lr=1e-3,3e-4", "--seeds", "2",
+    proc = cli("sweep", *TINY, "--total-steps", "1000", "--backend", "serial", "--grid", "lr=1e-3,3e-4", "--seeds", "2",
                "--parallel", "2", "--sweep-dir", str(root))  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     names = sorted(p.name for p in (root / "trials").iterdir())
@@ -48,7 +48,7 @@ def test_a_grid_sweep_end_to_end(tmp_path):
     # --report reads it all back from the run directories; the same command again runs nothing
     report = cli("sweep", "--report", str(root))
     assert report.returncode == 0 and report.stdout.splitlines()[:3] == proc.stdout.splitlines()[:3]
-    again = cli("sweep", *TINY, "--backend", "serial", "--grid", "lr=1e-3,3e-4", "--seeds", "2",
+    again = cli("sweep", *TINY, "--total-steps", "1000", "--backend", "serial", "--grid", "lr=1e-3,3e-4", "--seeds", "2",
                 "--sweep-dir", str(root))  # fmt: skip
     assert again.returncode == 0 and "(run " not in again.stderr
 
