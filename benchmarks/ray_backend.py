@@ -11,6 +11,7 @@ until CartPole-v1 is solved (or ``--cap-s``):
 Reported per run, from the run directory and ``/proc``:
 
 - ``solve_s``: the run's clock when solved; ``total_s``: the whole command, start-up included;
+- ``learn_s``: from the first finished episode to solved (``solve_s`` without the start-up);
 - ``first_step_s``: seconds from the command's start to the first finished episode (start-up:
   imports, Ray's start, actors placed and importing torch);
 - ``collect_sps``: env steps per second from the first episode to the end (collection speed);
@@ -130,11 +131,14 @@ def run_mprl(
     span = max(1e-9, summary["wall_s"] - first_wall)
     first_step = episodes[0]["step"] if episodes else 0
     solved_at = summary.get("solved_at") or {}
+    first_episode = next((r["wall"] for r in records if "episode_return" in r), None)
+    solve_s = solved_at.get("wall_s")
     return {
         "system": system,
         "seed": seed,
         "solved": summary["solved"],
-        "solve_s": solved_at.get("wall_s"),
+        "solve_s": solve_s,
+        "learn_s": round(solve_s - first_episode, 3) if solve_s and first_episode else None,
         "total_s": round(total_s, 2),
         "first_step_s": round(first_step_s, 2) if first_step_s else None,
         "collect_sps": round((summary["env_steps"] - first_step) / span),
@@ -175,13 +179,15 @@ def main() -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(rows, indent=1))
     by = {s: [r for r in rows if r["system"] == s] for s in [*systems, "sb3_ppo"]}
-    print(f"\n{'system':<8} {'solve s':>20} {'first step s':>20} {'collect sps':>22} "
-          f"{'driver MB':>10} {'child MB':>9} {'replay ratio':>20}")  # fmt: skip
+    print(f"\n{'system':<8} {'solve s':>20} {'learn s':>20} {'first step s':>20} "
+          f"{'collect sps':>22} {'driver MB':>10} {'child MB':>9} "
+          f"{'replay ratio':>20}")  # fmt: skip
     for system, runs in by.items():
         if not runs:
             continue
         print(
             f"{system:<8} {median_range([r['solve_s'] for r in runs]):>20} "
+            f"{median_range([r.get('learn_s') for r in runs]):>20} "
             f"{median_range([r.get('first_step_s') for r in runs]):>20} "
             f"{median_range([r.get('collect_sps') for r in runs]):>22} "
             f"{median_range([r.get('driver_mb') for r in runs]):>10} "
@@ -189,7 +195,7 @@ def main() -> int:
             f"{median_range([r.get('replay_ratio') for r in runs]):>20}"
         )
     print("\nray / local, per seed (median, range):")
-    for key in ("collect_sps", "solve_s", "first_step_s"):
+    for key in ("collect_sps", "solve_s", "learn_s", "first_step_s"):
         ratios = [
             ray[key] / local[key]
             for ray, local in zip(by["ray"], by["local"], strict=True)
