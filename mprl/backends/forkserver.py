@@ -17,8 +17,14 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 #: what a forkserver imports once, before it forks the run's children: a child then starts
-#: without importing them itself (about 1.5 s of CPU each on this project's machines)
-FORKSERVER_PRELOAD = ("torch", "gymnasium", "mprl.backends.local.backend")
+#: without importing them itself (about 1.5 s of CPU each on this project's machines); first,
+#: the group's signals ignored (:mod:`mprl.backends.forkserver_init`)
+FORKSERVER_PRELOAD = (
+    "mprl.backends.forkserver_init",
+    "torch",
+    "gymnasium",
+    "mprl.backends.local.backend",
+)
 _BLOCKED = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}  # while a child starts
 _early = False  # a server start_early() started that no run has claimed yet
 
@@ -83,12 +89,22 @@ def start_early(argv: Sequence[str]) -> bool:
 
     from mprl.timeline import mark
 
+    # until the run puts in its own handlers (a clean stop): a SIGTERM or SIGHUP while this
+    # process imports exits it through SystemExit, so its temp dir (the server's socket is in
+    # it) is removed as it is on any exit; the server leaves when this process has gone
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(sig) is signal.SIG_DFL:  # nohup's ignored SIGHUP stays so
+            signal.signal(sig, _exit_on)
     mp.get_context("forkserver").set_forkserver_preload(list(FORKSERVER_PRELOAD))
     with child_environment(1):
         forkserver.ensure_running()  # returns at once: the server imports in the background
     _early = True
     mark("forkserver", server=forkserver._forkserver._forkserver_pid)  # type: ignore[attr-defined]
     return True
+
+
+def _exit_on(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
 
 
 def stop_unclaimed() -> None:

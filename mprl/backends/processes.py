@@ -69,10 +69,11 @@ def init_child(name: str, ignore_sigterm: bool = False, leftovers: Sequence[str]
 
     Ctrl-C (and a closed terminal's SIGHUP) reaches the whole process group, but only the main
     process decides what it means. SIGINT, SIGTERM and SIGHUP arrive blocked
-    (:func:`child_environment`); they are unblocked once SIGINT and SIGHUP are ignored (and
-    SIGTERM, for the Manager server), so a signal to the group while a child is still starting
-    does not kill it halfway. If the main process dies without stopping
-    us (SIGKILL, OOM), exit: nothing else would.
+    (:func:`child_environment`), or ignored in a child forked from the forkserver
+    (:mod:`mprl.backends.forkserver_init`); they are unblocked once SIGINT and SIGHUP are
+    ignored and SIGTERM is the default (ignored, for the Manager server), so a signal to the
+    group while a child is still starting does not kill it halfway. If the main process dies
+    without stopping us (SIGKILL, OOM), exit: nothing else would.
     """
     set_process_name(name)
     # a process group of its own: what it starts (a plugin's subprocess, a fork) is ended with
@@ -81,8 +82,7 @@ def init_child(name: str, ignore_sigterm: bool = False, leftovers: Sequence[str]
         os.setpgid(0, 0)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    if ignore_sigterm:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN if ignore_sigterm else signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _BLOCKED)
     parent = mp.parent_process()
     if parent is not None:
@@ -101,7 +101,12 @@ def _init_manager(name: str, leftovers: Sequence[str]) -> None:
     """First thing in the Manager server: as any child, and SIGTERM ignored too. A SIGTERM to the
     whole process group (``kill -TERM -PGID``, ``docker stop``) is the main process's to act on:
     it stops the run cleanly, with the shared state still there for the final checkpoint, then
-    shuts the server down (which kills it if it does not go)."""
+    shuts the server down (which kills it if it does not go).
+
+    Its listening socket goes in a ``pymp-*`` directory of its own, not in the one it inherits
+    from the main process (which holds the forkserver's socket): the main process removes the
+    server's directory when it shuts the server down."""
+    mp.current_process()._config["tempdir"] = None  # type: ignore[attr-defined]
     init_child(name, ignore_sigterm=True, leftovers=leftovers)
 
 
@@ -221,7 +226,9 @@ class ManagerServer:
             self.process.join()
         self.manager.shutdown()
         listener = Path(str(self.manager.address))
-        if listener.parent.name.startswith("pymp-"):  # a killed server leaves it
+        own = mp.current_process()._config.get("tempdir")  # type: ignore[attr-defined]
+        if listener.parent.name.startswith("pymp-") and str(listener.parent) != own:
+            # the server's own (_init_manager), which a killed server leaves
             shutil.rmtree(listener.parent, ignore_errors=True)
 
 

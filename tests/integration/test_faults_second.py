@@ -19,6 +19,7 @@ from tests.conftest import (
     clean_stderr,
     cli,
     cli_here,
+    comm,
     read_metrics,
     running,
     wait_for_children,
@@ -115,10 +116,14 @@ def test_sigterm_to_the_group_while_the_manager_starts_is_a_clean_stop(installed
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
     )  # fmt: skip
     try:
+
+        def manager() -> bool:  # named so in its first act, before it answers
+            return any(comm(p) == "mprl-manager" for p in child_pids(proc.pid))
+
         deadline = time.monotonic() + 60
-        while not child_pids(proc.pid) and time.monotonic() < deadline:  # the Manager first
+        while not manager() and time.monotonic() < deadline:
             time.sleep(0.005)
-        assert child_pids(proc.pid), "no child started"
+        assert manager(), "no Manager server started"
         os.killpg(proc.pid, signal.SIGTERM)  # what systemd and Slurm do
         _, stderr = proc.communicate(timeout=60)
     finally:
@@ -129,6 +134,36 @@ def test_sigterm_to_the_group_while_the_manager_starts_is_a_clean_stop(installed
     assert "Traceback" not in stderr and "EOFError" not in stderr
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "interrupted" and summary["signal"] == signal.SIGTERM
+
+
+# 6b: SIGTERM / SIGHUP to the group while the main process still imports, its children's
+# forkserver already started (python -m mprl run's first act)
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_a_signal_while_the_main_process_imports_ends_it_with_nothing_left(
+    installed, tmp_path, sig
+):
+    timeline = tmp_path / "timeline.jsonl"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mprl", "run", *probe(tmp_path / "run")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        env={**os.environ, "MPRL_TIMELINE": str(timeline)},
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not timeline.exists() and time.monotonic() < deadline:  # the server has started
+            time.sleep(0.001)
+        os.killpg(proc.pid, sig)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    marks = [json.loads(line)["mark"] for line in timeline.read_text().splitlines()]
+    assert marks == ["forkserver"]  # it ended before the CLI had imported what it needs
+    assert proc.returncode == 128 + sig, stderr
+    assert "Traceback" not in stderr
+    assert not (tmp_path / "run").exists()
+    # the fixture: no process (the server leaves once the main process has), no temp dir
 
 
 # 7: a stop request while the workers start one after another

@@ -82,7 +82,8 @@ def test_the_children_fork_from_a_server_started_before_the_cli_imported_torch(t
     assert {m["ppid"] for m in children} == {server}  # forked by the early server
     main = at["main"]["pid"]
     assert all(m["pid"] == main for m in marks if m["mark"] in ("launch", "finished"))
-    assert {m["source"] for m in marks if m["mark"] == "update"} == {"worker:0", "worker:1"}
+    updated = {m["source"] for m in marks if m["mark"] == "update"}  # on a busy machine one
+    assert updated and updated <= {"worker:0", "worker:1"}  # worker may do the 400 steps alone
     assert not alive(server)  # the run stopped it
 
 
