@@ -150,7 +150,9 @@ def test_a_signal_while_the_main_process_imports_ends_it_with_nothing_left(
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 60
-        while not timeline.exists() and time.monotonic() < deadline:  # the server has started
+        while time.monotonic() < deadline:  # until the server's mark is written whole
+            if timeline.exists() and timeline.read_text().endswith("\n"):
+                break
             time.sleep(0.001)
         os.killpg(proc.pid, sig)
         _, stderr = proc.communicate(timeout=60)

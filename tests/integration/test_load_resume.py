@@ -108,15 +108,23 @@ def test_per_worker_lists_are_extended_and_cut_and_a_per_worker_tensor_needs_dro
     run_dir = tmp_path / "run"
     args = ["--quiet", "--set", "step_sleep=0.001"]
     first = cli(
-        "run", "--plugin", "probe", "--workers", "2", "--total-steps", "300",
-        "--run-dir", str(run_dir), *args,
-    )  # fmt: skip
+        "run",
+        "--plugin",
+        "probe",
+        "--workers",
+        "2",
+        "--total-steps",
+        "600",
+        "--run-dir",
+        str(run_dir),
+        *args,
+    )  # fmt: skip  (both workers step from the same moment: ample for each to end an episode)
     assert first.returncode == 0, first.stderr
     before = saved(run_dir)
     visits = before["shared_state"]["visits"]
     assert len(visits) == 2 and all(v > 0 for v in visits)
 
-    refused = cli("run", "--resume", str(run_dir), "--workers", "3", "--total-steps", "600", *args)
+    refused = cli("run", "--resume", str(run_dir), "--workers", "3", "--total-steps", "1200", *args)
     assert refused.returncode == 2, refused.stderr
     error = refused.stderr.strip().splitlines()[-1]
     assert error.startswith("mprl: ") and "Traceback" not in refused.stderr
@@ -127,7 +135,7 @@ def test_per_worker_lists_are_extended_and_cut_and_a_per_worker_tensor_needs_dro
     assert saved(run_dir)["session"] == 0  # nothing was started or written
 
     more = cli(
-        "run", "--resume", str(run_dir), "--workers", "3", "--total-steps", "600",
+        "run", "--resume", str(run_dir), "--workers", "3", "--total-steps", "1200",
         "--resume-drop", "seen", *args,
     )  # fmt: skip
     assert more.returncode == 0, more.stderr
@@ -149,7 +157,7 @@ def test_per_worker_lists_are_extended_and_cut_and_a_per_worker_tensor_needs_dro
     assert shared["envs"] == ["Corridor", "Corridor", "Corridor"]
 
     fewer = cli(
-        "run", "--resume", str(run_dir), "--workers", "1", "--total-steps", "800",
+        "run", "--resume", str(run_dir), "--workers", "1", "--total-steps", "1600",
         "--resume-drop", "seen", *args,
     )  # fmt: skip
     assert fewer.returncode == 0, fewer.stderr

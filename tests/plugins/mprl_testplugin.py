@@ -249,7 +249,7 @@ def probe_worker(ctx: mprl.Context) -> None:
     # every worker steps, however slowly the others start; should_stop() keeps the heartbeat
     # going meanwhile (a Manager Barrier's wait would be silent)
     while not all(ctx.state.ready) and not ctx.should_stop():
-        time.sleep(0.05)
+        time.sleep(0.005)  # a worker left asleep here could see the others take the budget
     faulty = _faulty(ctx)
     obs, _ = env.reset()
     ret, length, steps = 0.0, 0, 0

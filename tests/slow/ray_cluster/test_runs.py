@@ -122,7 +122,9 @@ def test_weights_go_from_the_learner_to_the_workers_and_the_driver_reads_them_fo
     assert proc.returncode == 0, stderr
     final = _checkpoint_of(run_dir / "checkpoints" / "last.pt")
     assert final is not None
-    assert len(seen) >= 3, seen  # mid-run checkpoints of a learning learner
+    # mid-run checkpoints of a learning learner, told apart by its updates (on a loaded machine
+    # a few come between two updates: the fetch count below is the one of every checkpoint)
+    assert len(seen) >= 2, seen
     for found in [*seen, final]:
         assert found["marker"] == found["adam_steps"]  # model and optimizer of one update
         assert found["marker"] >= found["published"]  # fetched when written, not a second ago
