@@ -68,10 +68,15 @@ model.learn(total_timesteps=256)
 """
 
 
-def mprl_once(backend: str, workers: int, method: str, steps: int, out: Path) -> dict[str, Any]:
-    """One run; its phases in seconds from the command's start."""
+def mprl_once(
+    backend: str, workers: int, method: str, steps: int, out: Path, tree: str | None = None
+) -> dict[str, Any]:
+    """One run (of the mprl source ``tree`` when given, else the installed one); its phases in
+    seconds from the command's start."""
     timeline, run_dir = out / "timeline.jsonl", out / "run"
     env = {**os.environ, "MPRL_TIMELINE": str(timeline)}
+    if tree:  # its mprl and built-in plugins first (the run's cwd is a temp dir)
+        env["PYTHONPATH"] = os.pathsep.join([tree, str(Path(tree) / "plugins")])
     cmd = [
         sys.executable, "-m", "mprl", "run", "--plugin", PLUGIN[backend], "--workers",
         str(workers), "--total-steps", str(steps), "--backend", backend, "--quiet",
@@ -152,12 +157,19 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2000, help="--total-steps of each run")
     parser.add_argument("--no-sb3", action="store_true", help="leave SB3 PPO out")
     parser.add_argument("--out", help="write every run's phases here (JSON)")
+    parser.add_argument(
+        "--baseline", metavar="TREE",
+        help="also run the mprl of this source tree (a `git worktree` of an older commit, with "
+        "mprl/timeline.py and its marks), interleaved, as rows 'base ...'",
+    )  # fmt: skip
     args = parser.parse_args()
-    cases: list[tuple[str, int, str]] = []
+    trees: list[str | None] = [None, *([args.baseline] if args.baseline else [])]
+    cases: list[tuple[str, int, str, str | None]] = []
     for backend in args.backends.split(","):
         methods = args.start_methods.split(",") if backend == "local" else ["-"]
         for method in methods:
-            cases += [(backend, int(n), method) for n in args.workers.split(",")]
+            for n in args.workers.split(","):
+                cases += [(backend, int(n), method, tree) for tree in trees]
     if not args.no_sb3:
         try:
             import stable_baselines3  # noqa: F401
@@ -165,10 +177,11 @@ def main() -> None:
             sys.exit('SB3 PPO is the baseline: pip install -e ".[bench]", or give --no-sb3')
     results: dict[str, list[dict[str, Any]]] = {}
     for repeat in range(args.repeats):
-        for backend, workers, method in cases:
+        for backend, workers, method, tree in cases:
             name = f"{backend} {method} {workers}w" if backend == "local" else f"ray {workers}w"
+            name = f"base {name}" if tree else name
             with tempfile.TemporaryDirectory(prefix="mprl-startup-") as tmp:
-                row = mprl_once(backend, workers, method, args.steps, Path(tmp))
+                row = mprl_once(backend, workers, method, args.steps, Path(tmp), tree)
             results.setdefault(name, []).append(row)
             print(f"[{repeat + 1}/{args.repeats}] {name}: first step {row['first step']:.2f} s",
                   file=sys.stderr, flush=True)  # fmt: skip

@@ -623,6 +623,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--seeds", type=int, default=5, help="seeds 0..K-1 (default 5)")
     parser.add_argument(
+        "--first-seed", type=int, default=0,
+        help="seeds FIRST..FIRST+K-1 (unseen ones: a number no result was tuned on)",
+    )  # fmt: skip
+    parser.add_argument(
         "--plugins", default="a3c,impala,ppo", help="mprl plugins on CartPole-v1 ('' for none)"
     )
     parser.add_argument(
@@ -666,7 +670,7 @@ def main(argv: list[str] | None = None) -> int:
     budget = args.budget_s if args.budget_s > 0 else None
 
     records: list[RunRecord] = []
-    for seed in range(args.seeds):
+    for seed in range(args.first_seed, args.first_seed + args.seeds):
         for env_id, system in plan:
             run_budget = budget if env_id == BUDGET_ENV else None
             if system == SB3_SYSTEM:
