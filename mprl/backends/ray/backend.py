@@ -223,6 +223,7 @@ class _RaySupervisor(Supervisor):
         self.final = False  # the final state is read: the driver's copies are the run's now
         self.hooks: list[Any] = []
         self.hub: Any = None
+        self.stop_ref: Any = None  # the hub's answer to the stop (read before it is killed)
         self.server: ManagerServer | None = None
 
     def _children(self) -> list[_RayChild]:
@@ -345,6 +346,8 @@ class _RaySupervisor(Supervisor):
 
     def request_stop(self) -> None:
         self._poll_all(stop=True, wait_s=0.0)
+        if self.hub is not None:  # the workers waiting in the hub see the stop flag at once
+            self.stop_ref = self.hub.hub_call.remote("stop_waits")
 
     def _poll_all(self, stop: bool, wait_s: float) -> None:
         """Send a poll to every live child without one in flight, then take the answers
@@ -575,6 +578,9 @@ class _RaySupervisor(Supervisor):
     def release(self) -> None:
         import ray
 
+        if self.stop_ref is not None:  # read, so that a hub gone meanwhile logs no error
+            with contextlib.suppress(Exception):
+                ray.get(self.stop_ref, timeout=1.0)
         if self.hub is not None:
             ray.kill(self.hub, no_restart=True)
         # a killed actor's task fails once Ray has seen its process end: wait for that, so

@@ -7,9 +7,12 @@ publishes weights with no remote call at all. The answer to a commit carries the
 count (back-pressure: ``slots_per_worker`` rollouts not yet taken, as on the local backend) and
 any newer weights, so a worker's next acquire and pull usually cost no call either.
 
-Every wait is a remote call of at most :data:`WAIT_SLICE_S`, so a waiting process looks at the
-run's stop flag (and beats its heartbeat) that often; waits return ``None`` once the run stops,
-as on the local backend.
+Every wait is a remote call of at most :data:`REMOTE_WAIT_S` (:data:`WAIT_SLICE_S` in the hub's
+own process), so a waiting process looks at the run's stop flag (and beats its heartbeat) that
+often; the driver's stop also wakes every wait in the hub (:meth:`Hub.stop_waits`), so a stop is
+seen at once; waits return ``None`` once the run stops, as on the local backend. The slices are
+not shorter because a worker held back by the learner waits in them: every slice is a call the
+hub's process (the learner's) serves, about 1 ms of its CPU, per waiting worker.
 
 A replay buffer lives in the hub too. With a declared replay ratio (:class:`ReplayPace`) the
 learner's ``sample`` waits on the hub's condition, in its own process; a worker decides whether
@@ -37,8 +40,12 @@ import torch
 from mprl.backends.tensors import TensorReplay, _floating
 from mprl.schema import Dims, ReplayPace, RowSpec
 
-#: the longest one remote wait lasts, so stop checks and heartbeats come at least this often
+#: the longest one wait in the hub's own process lasts (and a remote one once the run stops), so
+#: stop checks and heartbeats come at least this often
 WAIT_SLICE_S = 0.1
+#: the longest one remote wait lasts while the run goes on (the driver's stop ends it early)
+#: why: see benchmarks/README.md, "`ray_scaling.py`: the scaling curve and a projection"
+REMOTE_WAIT_S = 1.0
 #: a remote call that should answer at once but does not within this long is an error
 CALL_TIMEOUT_S = 60.0
 
@@ -68,11 +75,44 @@ class Hub:
         self.live: dict[str, torch.nn.Module] = {}
         #: held by the learner while it updates a live model (``RayWeights.publishing``)
         self.publishing = threading.Lock()
-        self._changed = threading.Condition()
+        self._lock = threading.RLock()
+        self._changed = threading.Condition(self._lock)
+        #: per (field, rank), where that rank's worker waits for a rollout slot: woken when
+        #: its rollouts are taken, not by every commit and update (as ``_changed`` is: with
+        #: every waiting worker woken at each, the hub's cost per rollout grew with the workers)
+        self._rooms: dict[tuple[str, int], threading.Condition] = {}
+        self.stopping = False  # the run is stopping: waits are short (see stop_waits)
+
+    def stop_waits(self) -> None:
+        """The run is stopping: every wait in progress returns now (its caller then sees the
+        stop flag), and later ones last :data:`WAIT_SLICE_S` at most."""
+        with self._changed:
+            self.stopping = True
+            self._changed.notify_all()
+            for room in self._rooms.values():
+                room.notify_all()
+
+    def _wait_for(
+        self, ready: Callable[[], bool], timeout: float, on: threading.Condition | None = None
+    ) -> None:
+        """``on.wait_for(ready, timeout)`` (``_changed`` by default; the lock held), woken
+        early by the run's stop."""
+        on = on or self._changed
+        if self.stopping:
+            on.wait_for(ready, min(timeout, WAIT_SLICE_S))
+        else:
+            on.wait_for(lambda: ready() or self.stopping, timeout)
+
+    def _room(self, field: str, rank: int) -> threading.Condition:
+        """Where ``rank`` waits for a slot of ``field`` (the lock held)."""
+        room = self._rooms.get((field, rank))
+        if room is None:
+            room = self._rooms[(field, rank)] = threading.Condition(self._lock)
+        return room
 
     def _until(self, ready: Callable[[], Any], timeout: float) -> Any:
         with self._changed:
-            self._changed.wait_for(lambda: ready() is not None, timeout)
+            self._wait_for(lambda: ready() is not None, timeout)
             return ready()
 
     # -- rollouts ------------------------------------------------------------------------------
@@ -93,20 +133,23 @@ class Hub:
 
     def room(self, field: str, rank: int, limit: int, timeout: float) -> bool | None:
         counts = self.queued.setdefault(field, {})
-        return self._until(lambda: True if counts.get(rank, 0) < limit else None, timeout)
+        with self._changed:
+            self._wait_for(lambda: counts.get(rank, 0) < limit, timeout, self._room(field, rank))
+            return True if counts.get(rank, 0) < limit else None
 
     def take(self, field: str, n: int, timeout: float) -> list[list[Any]] | None:
         """Up to ``n`` payloads in commit order; ``None`` when none came within ``timeout``."""
         queue = self.queues.setdefault(field, deque())
         with self._changed:
-            self._changed.wait_for(lambda: bool(queue), timeout)
-            out = []
+            self._wait_for(lambda: bool(queue), timeout)
+            out, ranks = [], set()
             while queue and len(out) < n:
                 rank, payload = queue.popleft()
                 self.queued[field][rank] -= 1
                 out.append(payload)
-            if out:
-                self._changed.notify_all()  # the ranks taken from have room again
+                ranks.add(rank)
+            for rank in ranks:  # the ranks taken from have room again
+                self._room(field, rank).notify_all()
             return out or None
 
     def forget(self, field: str, rank: int) -> None:
@@ -118,6 +161,7 @@ class Hub:
             queue.extend(kept)
             self.queued.setdefault(field, {})[rank] = 0
             self._changed.notify_all()
+            self._room(field, rank).notify_all()
 
     # -- weights -------------------------------------------------------------------------------
 
@@ -404,11 +448,14 @@ class _Bound:
         deadline = None if timeout is None else time.monotonic() + timeout
         if _BATCH.counters or _BATCH.rows:  # what it waits for may need them: send them now
             _BATCH.send()
+        # a wait in the hub's own process costs no call: short slices; a remote one is a call
+        # the hub serves (the driver's stop wakes it: see Hub.stop_waits)
+        piece = WAIT_SLICE_S if _HOSTED.get(self._hub_id) is not None else REMOTE_WAIT_S
         while True:
             if self._stop():  # first: data that keeps coming must not keep a stopped run going
                 return None
-            left = WAIT_SLICE_S if deadline is None else deadline - time.monotonic()
-            found = _get(call(max(0.0, min(WAIT_SLICE_S, left))))
+            left = piece if deadline is None else deadline - time.monotonic()
+            found = _get(call(max(0.0, min(piece, left))), CALL_TIMEOUT_S + piece)
             if found is not None:
                 return found
             if deadline is not None and time.monotonic() >= deadline:
