@@ -10,10 +10,10 @@ cores. Ray's temp dir and ``HOME`` (where its auth token goes) are a temp dir of
 removed at the end; only this cluster is shut down.
 
 For each ``--workers`` count N, one ``python -m mprl run --plugin impala --backend ray
---ray-address ADDR --workers N --max-time ...`` (and its env-step budget set out of reach, so a
-solved CartPole does not end it). Once every actor is placed and the first episode is logged,
-and ``--warmup`` seconds later, a ``--window``-second steady window is measured: CPU seconds
-(utime + stime, ``/proc/PID/stat``) at its start and end of
+--ray-address ADDR --workers N --max-time ...`` (with its env-step budget and target return out
+of reach, so a solved CartPole does not end it). Once every actor is placed and the first
+episode is logged, and ``--warmup`` seconds later, a ``--window``-second steady window is
+measured: CPU seconds (utime + stime, ``/proc/PID/stat``) at its start and end of
 
 - ``driver``: the ``mprl run`` process (the supervise loop and its polls, the monitor);
 - ``trainer``: the train process's actor, which hosts the hub; split, per thread
@@ -162,6 +162,8 @@ def run_one(n: int, address: str, temp: str, args: argparse.Namespace) -> dict[s
         str(run_dir),
         "--total-steps",
         str(10**10),
+        "--target-return",  # never solved: the run goes on until it is stopped
+        "1e9",
         "--max-time",
         str(cap),
     ]
@@ -219,6 +221,8 @@ def run_one(n: int, address: str, temp: str, args: argparse.Namespace) -> dict[s
         w1, s1 = work(run_dir), snapshot(groups, trainer)
         for spy in spies:
             spy.wait(timeout=60)
+        if proc.poll() is not None:
+            row["error"] = "the run ended before its window did"
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGINT)
@@ -298,6 +302,7 @@ def main() -> int:
             "include_dashboard": False,
         },
     )
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C: the cluster shut down
     rows: list[dict[str, Any]] = []
     try:
         for _ in range(2):
