@@ -91,18 +91,10 @@ def _add_run(sub: Any, common: argparse.ArgumentParser, options: RunOptions) -> 
         "dropped; needed for a field that cannot be fitted to another --workers (repeatable)",
     )  # fmt: skip
     run.add_argument("--run-dir", help="run directory (default: runs/PLUGIN-ENV-TIME-PID)")
-    run.add_argument(
-        "--config", metavar="FILE.toml", help="algorithm config; a [run] table sets run options"
-    )
-    run.add_argument(
-        "--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE",
-        help="set an algorithm config field (repeatable), e.g. --set lr=0.0005",
+    _add_config(
+        run, options, "set an algorithm config field (repeatable), e.g. --set lr=0.0005",
+        "run options{of} (also settable in the [run] table)",
     )  # fmt: skip
-    for owner, rows in options.groups():
-        title = "run options (also settable in the [run] table)"
-        if owner != "mprl":
-            title = f"run options of plugin {owner} (also settable in the [run] table)"
-        _add_options(run.add_argument_group(title), rows)
     run.add_argument("--quiet", "-q", action="store_true", help="no progress display")
     run.add_argument(
         "--serial", action="store_true",
@@ -141,18 +133,10 @@ def _add_sweep(sub: Any, common: argparse.ArgumentParser, options: RunOptions) -
         help="print the results table of SWEEP_DIR (and write its results files and plot); runs "
         "nothing",
     )  # fmt: skip
-    sweep.add_argument(
-        "--config", metavar="FILE.toml", help="algorithm config; a [run] table sets run options"
-    )
-    sweep.add_argument(
-        "--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE",
-        help="set an algorithm config field for every run (repeatable)",
+    _add_config(
+        sweep, options, "set an algorithm config field for every run (repeatable)",
+        "run options{of}, for every run",
     )  # fmt: skip
-    for owner, rows in options.groups():
-        title = "run options of every run"
-        if owner != "mprl":
-            title = f"run options of plugin {owner}"
-        _add_options(sweep.add_argument_group(title), rows)
     sweep.set_defaults(serial=False)
 
 
@@ -188,6 +172,23 @@ def _add_sweep_axes(sweep: argparse.ArgumentParser) -> None:
         "--sampler", default="tpe", choices=["tpe", "random"],
         help="Optuna's sampler for --search [default tpe]",
     )  # fmt: skip
+
+
+def _add_config(
+    parser: argparse.ArgumentParser, options: RunOptions, set_help: str, title: str
+) -> None:
+    """``--config``, ``--set`` and every run option, grouped by the plugin that registers them
+    (``title``'s ``{of}``: `` of plugin NAME``, nothing for the core's)."""
+    parser.add_argument(
+        "--config", metavar="FILE.toml", help="algorithm config; a [run] table sets run options"
+    )
+    parser.add_argument(
+        "--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE",
+        help=set_help,
+    )  # fmt: skip
+    for owner, rows in options.groups():
+        of = "" if owner == "mprl" else f" of plugin {owner}"
+        _add_options(parser.add_argument_group(title.format(of=of)), rows)
 
 
 def _add_options(group: Any, rows: list[tuple[str, str, str, str]]) -> None:
