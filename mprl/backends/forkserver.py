@@ -9,6 +9,7 @@ the run starts them (see benchmarks/README.md, "startup.py").
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import multiprocessing as mp
 import os
@@ -98,6 +99,9 @@ def start_early(argv: Sequence[str]) -> bool:
     mp.get_context("forkserver").set_forkserver_preload(list(FORKSERVER_PRELOAD))
     with child_environment(1):
         forkserver.ensure_running()  # returns at once: the server imports in the background
+    # a command that ends before its run takes the server (bad usage: exit 2) stops it, rather
+    # than leave it to finish its imports before it sees this process gone
+    atexit.register(stop_forkserver)
     _early = True
     mark("forkserver", server=forkserver._forkserver._forkserver_pid)  # type: ignore[attr-defined]
     return True

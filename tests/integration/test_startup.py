@@ -105,3 +105,11 @@ def test_a_server_started_early_for_a_run_on_another_backend_is_stopped_once_it_
         _, err = proc.communicate(timeout=60)
         assert proc.returncode == 130, err
     assert "launch" not in {m["mark"] for m in _marks(timeline)}  # serial: no child processes
+
+
+def test_a_command_refused_before_its_run_stops_the_early_server_as_it_exits(tmp_path):
+    timeline = tmp_path / "timeline.jsonl"
+    done = cli("run", "--plugin", "nosuch", env={"MPRL_TIMELINE": str(timeline)})
+    assert done.returncode == 2 and "unknown plugin/algorithm 'nosuch'" in done.stderr
+    (server,) = [m["server"] for m in _marks(timeline) if m["mark"] == "forkserver"]
+    assert not alive(server)  # gone with the command: nothing of it outlives exit 2
