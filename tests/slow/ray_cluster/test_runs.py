@@ -125,8 +125,9 @@ def test_weights_go_from_the_learner_to_the_workers_and_the_driver_reads_them_fo
     final = _checkpoint_of(run_dir / "checkpoints" / "last.pt")
     assert final is not None
     # mid-run checkpoints of a learning learner, told apart by its updates (on a loaded machine
-    # a few come between two updates: the fetch count below is the one of every checkpoint)
-    assert len(seen) >= 2, seen
+    # most come between two updates, so one may be all there is to see: the fetch count below
+    # is the one of every checkpoint)
+    assert seen, "no mid-run checkpoint of a learner that had updated"
     for found in [*seen, final]:
         assert found["marker"] == found["adam_steps"]  # model and optimizer of one update
         assert found["marker"] >= found["published"]  # fetched when written, not a second ago
