@@ -150,9 +150,11 @@ def test_resume_after_the_main_process_was_killed(installed, tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["env_steps"] >= target and summary["session"] == 1
     # the shared state came back: the tensor the workers count steps in continued from the
-    # checkpoint, so at the end it holds every step of both sessions
+    # checkpoint, so at the end it holds every step of both sessions (lost, it would hold about
+    # 1,000). The killed session's checkpoint read the step counters and the tensor a moment
+    # apart while two workers stepped (a few steps each; 6 seen in a loaded suite)
     (trainer,) = [r for r in read_metrics(run_dir) if "trainer_seen" in r]
-    assert trainer["trainer_seen"] == pytest.approx(summary["env_steps"], abs=4)
+    assert trainer["trainer_seen"] == pytest.approx(summary["env_steps"], abs=20)
 
 
 def test_bad_checkpoints_exit_2_naming_the_file(installed, tmp_path, capsys):
