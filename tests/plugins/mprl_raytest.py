@@ -11,6 +11,13 @@ milliseconds, each version marked (``marker`` = the version, one Adam step per v
 worker pulls into ``ctx.model`` itself now and then and counts the steps it acted with a model
 whose marker is not the version it pulled (``wrong``): the driver must not load anything else
 into a worker's ``ctx.model`` (a plugin with ``Weights`` gets no model relayed).
+
+Algorithm ``pixels``: each worker commits rollouts of Atari-shaped uint8 frames (8 steps of 4
+envs, 4 stacked 84x84 frames: 900 KB), every byte a function of its rank, the rollout's number
+and its position; the learner checks every byte and the dtype of each batch it takes
+(``good``/``bad`` per rank) and weighs what each commit's call to the hub carried
+(``call_bytes``: its pickled arguments), to show that the frames went through Ray's object
+store by reference, not through the call.
 """
 
 from __future__ import annotations
@@ -194,8 +201,79 @@ def versions_train(ctx: mprl.Context) -> None:
         time.sleep(cfg.publish_sleep)
 
 
+PIXELS = 8, 4, 4, 84, 84  # unroll, envs, stacked frames, height, width: 903,168 bytes
+
+
+def _frames(rank: int, number: int) -> torch.Tensor:
+    """The frames of ``rank``'s rollout ``number``: every byte depends on both and its place."""
+    flat = torch.arange(int(np.prod(PIXELS)), dtype=torch.int64)
+    return ((flat * (2 * rank + 3) + 7 * number) % 251).to(torch.uint8).reshape(PIXELS)
+
+
+@attrs.frozen
+class PixelsConfig:
+    pass
+
+
+PIXELS_SCHEMA = schema.Schema(
+    frames=schema.Rollouts({"obs": (PIXELS, torch.uint8), "number": ((), torch.int64)}),
+    good=schema.PerWorker(0),  # rollouts of each rank whose every byte the learner checked
+    bad=schema.PerWorker(0),  # rollouts of each rank with a wrong byte or dtype
+    call_bytes=schema.List(),  # pickled size of each commit call's arguments, as the hub got it
+)
+
+
+def pixels_worker(ctx: mprl.Context) -> None:
+    frames, number = ctx.state.frames, 0
+    while (index := frames.acquire(timeout=None)) is not None:
+        slot = frames.slot(index)
+        slot["obs"].copy_(_frames(ctx.rank, number))
+        slot["number"].fill_(number)
+        frames.commit(index)
+        number += 1
+        ctx.add_steps(PIXELS[0] * PIXELS[1])
+
+
+def pixels_train(ctx: mprl.Context) -> None:
+    import pickle
+
+    from mprl.backends.ray import transport
+
+    state, sizes = ctx.state, []
+    put = transport.Hub.put
+
+    def weighed_put(hub, field, rank, payload, have):  # what the commit's call carried
+        sizes.append(len(pickle.dumps((field, rank, payload, have))))
+        return put(hub, field, rank, payload, have)
+
+    transport.Hub.put = weighed_put  # the hub lives in this process
+    while (batch := state.frames.take_batch(1, timeout=None)) is not None:
+        rank, number = int(batch["source"][0]), int(batch["number"][0])
+        obs = batch["obs"][:, 0]
+        ok = obs.dtype == torch.uint8 and torch.equal(obs, _frames(rank, number))
+        if ok:
+            state.good[rank] += 1
+        else:
+            state.bad[rank] += 1
+        if sizes:
+            state.call_bytes.extend(sizes)
+            sizes.clear()
+
+
 @mprl.hookimpl
 def mprl_register_algorithms(register):
+    register(
+        mprl.Algorithm(
+            name="pixels",
+            config_cls=PixelsConfig,
+            make_model=make_model,
+            worker=pixels_worker,
+            train=pixels_train,
+            schema=PIXELS_SCHEMA,
+            default_env="CartPole-v1",
+            description="test plugin: uint8 frames through rollout slots, every byte checked",
+        )
+    )
     register(
         mprl.Algorithm(
             name="versions",

@@ -219,6 +219,25 @@ def test_the_classic_shape_works_across_nodes(cluster, tmp_path):
     assert len({r["node_id"] for r in where.values()}) == 3
 
 
+def test_uint8_frames_cross_nodes_through_the_object_store_byte_for_byte(cluster, tmp_path):
+    """Atari-shaped rollouts (900 KB of uint8 frames each) from workers on two nodes reach the
+    learner on the third as uint8, every byte as written; each commit's call to the hub carries
+    a reference into Ray's object store, not the frames."""
+    run_dir = tmp_path / "run"
+    done = run_ray(cluster, "--plugin", "pixels", "--workers", "2", *WORKER,
+                   "--total-steps", str(32 * 60), "--run-dir", str(run_dir))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    state = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["shared_state"]
+    assert state["bad"] == [0, 0]
+    assert min(state["good"]) > 0 and sum(state["good"]) >= 40, state["good"]
+    calls = state["call_bytes"]
+    assert len(calls) >= sum(state["good"])
+    assert max(calls) < 2_000, max(calls)  # a reference and a few names: not 903,168 bytes
+    where = placed(read_metrics(run_dir))
+    nodes = {who: r["node_id"] for who, r in where.items()}
+    assert len(set(nodes.values())) == 3, nodes  # learner, worker 0, worker 1: one node each
+
+
 def test_a_flag_and_a_config_value_reach_every_actor_and_come_back(cluster, tmp_path):
     """The data of one run from the command line to each actor on its node, and back (the
     workers count steps once the train process has updated the model: it has run, and logged)."""
