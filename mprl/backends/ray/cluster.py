@@ -104,7 +104,8 @@ def connect(address: str, cpus_needed: float) -> Path | None:
     quiet = {"log_to_driver": False, "logging_level": "WARNING"}
     if address:
         check_address(address)  # ray.init would retry one with no Ray there for minutes
-        _in_time(lambda: ray.init(address=address, **quiet), address)
+        with _without(_INIT_LOGGER, THREAD_NOTE):
+            _in_time(lambda: ray.init(address=address, **quiet), address)
         return None
     # Ray's processes (GCS, raylet, the actors they start) inherit a mask with the terminal's
     # signals blocked: Ctrl-C and a closed terminal reach the whole process group, but they are
@@ -139,26 +140,40 @@ def _blocked(signals: set[signal.Signals]) -> Iterator[None]:
 #: ``RAY_AUTH_MODE`` is unset, having turned token authentication on for it
 AUTH_NOTE = "Token authentication is enabled for this Ray cluster"
 _AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
+#: what Ray logs when ``ray.init()`` runs outside the main thread (:func:`_in_time`): the
+#: driver's SIGTERM is mprl's to handle, as on every backend
+THREAD_NOTE = "SIGTERM handler is not set because current thread is not the main thread"
+_INIT_LOGGER = "ray._private.worker"
 
 
-class _DropAuthNote(logging.Filter):
+class _Drop(logging.Filter):
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text
+
     def filter(self, record: logging.LogRecord) -> bool:
-        return AUTH_NOTE not in record.getMessage()
+        return self.text not in record.getMessage()
 
 
 @contextlib.contextmanager
-def _without_auth_note() -> Iterator[None]:
-    """Ray's :data:`AUTH_NOTE` left out while mprl starts its own throw-away cluster for one
-    run: news about a cluster the user never sees. Authentication is as Ray sets it (token
-    authentication on, as the note says); joining a cluster (``--ray-address``) goes
-    elsewhere, and whatever Ray says there is said."""
-    logger = logging.getLogger(_AUTH_LOGGER)
-    drop = _DropAuthNote()
+def _without(logger_name: str, text: str) -> Iterator[None]:
+    """Ray's log records that contain ``text`` left out meanwhile: news about something that
+    is not the user's to act on. Everything else Ray says is said."""
+    logger = logging.getLogger(logger_name)
+    drop = _Drop(text)
     logger.addFilter(drop)
     try:
         yield
     finally:
         logger.removeFilter(drop)
+
+
+def _without_auth_note() -> contextlib.AbstractContextManager[None]:
+    """Ray's :data:`AUTH_NOTE` left out while mprl starts its own throw-away cluster for one
+    run: news about a cluster the user never sees. Authentication is as Ray sets it (token
+    authentication on, as the note says); joining a cluster (``--ray-address``) goes
+    elsewhere, and whatever Ray says there about it is said."""
+    return _without(_AUTH_LOGGER, AUTH_NOTE)
 
 
 def _in_time(join: Any, address: str) -> None:
