@@ -479,7 +479,8 @@ class RayRollouts(_Bound):
         self._buffers: dict[str, torch.Tensor] | None = None
         self._cursor = 0
         self._taken: list[dict[str, np.ndarray]] = []
-        self._put: Any = None  # the answer of this worker's last commit
+        self._put: Any = None  # the answer of this worker's last commit, until read
+        self._behind = False  # the last answer read said this rank's queue was full
         self.lost = 0  # rollouts whose worker died before they were read
 
     def _slots(self) -> dict[str, torch.Tensor]:
@@ -495,28 +496,50 @@ class RayRollouts(_Bound):
         return {name: t[index] for name, t in self._slots().items()}
 
     def acquire(self, timeout: float | None = None) -> int | None:
+        """A slot to fill. A worker's slots are its own memory (a commit copies its slot
+        away), so while the learner keeps up, a worker fills its next slot while its last
+        commit's answer travels, and :meth:`commit` reads it. While the learner is behind (the
+        last answer read said the rank's queue was full), the worker waits here for that
+        answer, and for room, before it fills: its rollout is then played with the newest
+        weights, as on the local backend."""
         if not 0 <= self._slot < self.workers:
             raise RuntimeError("only a worker acquires rollout slots (the learner takes them)")
-        rank, limit = self._slot, self.slots_per_worker
         if self._stop():
             return None
-        queued = limit
-        if self._put is not None:  # answered by now, mostly: no round trip
-            queued, hints = _get(self._put)
-            self._put = None
-            _HINTS.update(hints)
-        if queued >= limit:
-
-            def room(slice_s: float) -> Any:
-                return self._call("room", self.field, rank, limit, slice_s)
-
-            if self._waiting(room, timeout) is None:
-                return None
+        behind = self._behind and self._put is not None and self._answer()
+        if behind and self._wait_room(timeout) is None:
+            return None
         index = self._cursor
         self._cursor = (self._cursor + 1) % self.slots_per_worker
         return index
 
+    def _answer(self) -> bool:
+        """Read the last commit's answer (waiting for it): newer weights, for the worker's
+        next pull with no call, and the rank's queued count. Whether the queue was full."""
+        queued, hints = _get(self._put)
+        self._put = None
+        _HINTS.update(hints)
+        self._behind = queued >= self.slots_per_worker
+        return self._behind
+
+    def _wait_room(self, timeout: float | None) -> bool | None:
+        """Wait until the rank has fewer than ``slots_per_worker`` rollouts queued; ``None``
+        once the run stops or after ``timeout``."""
+        rank, limit = self._slot, self.slots_per_worker
+
+        def room(slice_s: float) -> Any:
+            return self._call("room", self.field, rank, limit, slice_s)
+
+        return self._waiting(room, timeout)
+
     def commit(self, index: int) -> None:
+        """Send the slot to the hub in one call, whose answer :meth:`acquire` or the next
+        commit reads; when that answer said the rank's queue was full, this waits for room
+        first. The hub never holds more than ``slots_per_worker`` of a rank's rollouts, as on
+        the local backend (plus, here, the one filled meanwhile). A commit as the run stops
+        is dropped, as a rollout in flight would be."""
+        if self._put is not None and self._answer() and self._wait_room(None) is None:
+            return
         slot = self.slot(index)
         slot["source"].fill_(self._slot)
         data = {name: t.numpy() for name, t in slot.items()}  # copied by the call or the put
