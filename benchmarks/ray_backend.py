@@ -6,6 +6,8 @@ until CartPole-v1 is solved (or ``--cap-s``):
 ``local``      ``python -m mprl run --plugin impala --workers W`` (spawned processes)
 ``ray``        the same with ``--backend ray`` and no address: a Ray runtime started for the run
 ``cluster``    the same joined to ``--address`` (e.g. two ``ray start`` nodes), when given
+``ray-base``   ``ray`` with the mprl of ``--baseline TREE`` (a ``git worktree`` of an older
+               commit), when given: a before/after of a change in the same invocation
 ``sb3_ppo``    Stable-Baselines3 PPO, rl-zoo settings (``time_to_solve.run_sb3``)
 
 Reported per run, from the run directory and ``/proc``:
@@ -14,7 +16,10 @@ Reported per run, from the run directory and ``/proc``:
 - ``learn_s``: from the first finished episode to solved (``solve_s`` without the start-up);
 - ``first_step_s``: seconds from the command's start to the first finished episode (start-up:
   imports, Ray's start, actors placed and importing torch);
-- ``collect_sps``: env steps per second from the first episode to the end (collection speed);
+- ``collect_sps``: env steps per second from the first episode to the end (collection speed
+  while it learns; on CartPole that is a second or two, mostly the start of collection);
+- ``steady_sps``: env steps per second of a second run of ``--collect-s`` seconds that never
+  solves (``--target-return 1e9``), from ``--warmup-s`` after its first episode to its end;
 - ``driver_mb`` / ``child_mb``: the largest RSS of the main process and of one child (a Ray
   actor or a spawned child) seen while it ran.
 
@@ -33,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -89,6 +95,50 @@ def replay_ratio(run_dir: Path) -> float | None:
     return None
 
 
+def _budget(total_steps: int) -> list[str]:
+    return ["--total-steps", str(total_steps)] if total_steps else []
+
+
+def _backend(system: str, address: str) -> list[str]:
+    if system in ("ray", "ray-base"):
+        return ["--backend", "ray"]
+    if system == "cluster":
+        return ["--backend", "ray", "--ray-address", address]
+    return []
+
+
+def _env(system: str, baseline: str) -> dict[str, str]:
+    """``ray-base`` runs the mprl and plugins of the ``baseline`` tree (its actors inherit the
+    path from the Ray the run starts)."""
+    if system != "ray-base":
+        return dict(os.environ)
+    path = os.pathsep.join([baseline, str(Path(baseline) / "plugins")])
+    return {**os.environ, "PYTHONPATH": path}
+
+
+def steady(
+    system: str, seed: int, workers: int, seconds: float, warmup: float, address: str,
+    plugin: str, baseline: str,
+) -> float | None:  # fmt: skip
+    """Env steps/s of a run that never solves, from ``warmup`` s after its first episode."""
+    run_dir = Path(tempfile.mkdtemp(prefix="raybench-")) / "run"
+    cmd = [sys.executable, "-m", "mprl", "run", "--plugin", plugin, "--workers", str(workers)]
+    cmd += ["--seed", str(seed), "--run-dir", str(run_dir), "--quiet", "--target-return", "1e9"]
+    cmd += ["--max-time", str(seconds), *_backend(system, address)]
+    subprocess.run(cmd, capture_output=True, text=True, env=_env(system, baseline), timeout=600)
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    first = next((r["wall"] for r in records if "episode_return" in r), None)
+    ticks = [
+        (r["wall"], r["step"])
+        for r in records
+        if r["source"] == "main" and "steps_per_s" in r and first is not None
+        and r["wall"] >= first + warmup
+    ]  # fmt: skip
+    if len(ticks) < 2:
+        return None
+    return round((ticks[-1][1] - ticks[0][1]) / (ticks[-1][0] - ticks[0][0]))
+
+
 def run_mprl(
     system: str,
     seed: int,
@@ -98,18 +148,18 @@ def run_mprl(
     plugin: str = PLUGIN,
     total_steps: int = 0,
     sps_from: int = 0,
+    baseline: str = "",
 ) -> dict[str, Any]:
     run_dir = Path(tempfile.mkdtemp(prefix="raybench-")) / "run"
     cmd = [sys.executable, "-m", "mprl", "run", "--plugin", plugin, "--workers", str(workers)]
     cmd += ["--seed", str(seed), "--run-dir", str(run_dir), "--quiet"]
-    if total_steps:
-        cmd += ["--total-steps", str(total_steps)]
-    if system == "ray":
-        cmd += ["--backend", "ray"]
-    elif system == "cluster":
-        cmd += ["--backend", "ray", "--ray-address", address]
+    cmd += _budget(total_steps)
+    cmd += _backend(system, address)
     t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        env=_env(system, baseline),
+    )  # fmt: skip
     driver_mb = child_mb = 0.0
     first_step_s = None
     while proc.poll() is None:
@@ -163,13 +213,25 @@ def main() -> int:
         "--sps-from", type=int, default=0, help="env steps/s counted from this step on"
     )
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/ray_backend.json"))
+    parser.add_argument(
+        "--collect-s", type=float, default=20.0,
+        help="seconds of each steady collection run (steady_sps); 0: none",
+    )  # fmt: skip
+    parser.add_argument("--warmup-s", type=float, default=5.0)
+    parser.add_argument("--baseline", default="", metavar="TREE", help="also run ray-base")
     args = parser.parse_args()
     systems = ["local", "ray"] + (["cluster"] if args.address else [])
+    systems += ["ray-base"] if args.baseline else []
     rows: list[dict[str, Any]] = []
     for seed in range(args.seeds):
         for system in systems:
-            budget = (args.plugin, args.total_steps, args.sps_from)
+            budget = (args.plugin, args.total_steps, args.sps_from, args.baseline)
             rows.append(run_mprl(system, seed, args.workers, args.cap_s, args.address, *budget))
+            if args.collect_s:
+                rows[-1]["steady_sps"] = steady(
+                    system, seed, args.workers, args.collect_s, args.warmup_s, args.address,
+                    args.plugin, args.baseline,
+                )  # fmt: skip
             print(json.dumps(rows[-1]), flush=True)
         if not args.no_sb3:
             sb3 = run_sb3("CartPole-v1", seed, args.cap_s, None)
@@ -180,7 +242,7 @@ def main() -> int:
     args.out.write_text(json.dumps(rows, indent=1))
     by = {s: [r for r in rows if r["system"] == s] for s in [*systems, "sb3_ppo"]}
     print(f"\n{'system':<8} {'solve s':>20} {'learn s':>20} {'first step s':>20} "
-          f"{'collect sps':>22} {'driver MB':>10} {'child MB':>9} "
+          f"{'collect sps':>22} {'steady sps':>22} {'driver MB':>10} {'child MB':>9} "
           f"{'replay ratio':>20}")  # fmt: skip
     for system, runs in by.items():
         if not runs:
@@ -190,18 +252,20 @@ def main() -> int:
             f"{median_range([r.get('learn_s') for r in runs]):>20} "
             f"{median_range([r.get('first_step_s') for r in runs]):>20} "
             f"{median_range([r.get('collect_sps') for r in runs]):>22} "
+            f"{median_range([r.get('steady_sps') for r in runs]):>22} "
             f"{median_range([r.get('driver_mb') for r in runs]):>10} "
             f"{median_range([r.get('child_mb') for r in runs]):>9} "
             f"{median_range([r.get('replay_ratio') for r in runs]):>20}"
         )
-    print("\nray / local, per seed (median, range):")
-    for key in ("collect_sps", "solve_s", "learn_s", "first_step_s"):
-        ratios = [
-            ray[key] / local[key]
-            for ray, local in zip(by["ray"], by["local"], strict=True)
-            if ray.get(key) and local.get(key)
-        ]
-        print(f"  {key:<13} {median_range(ratios)}")
+    for system in systems[1:]:
+        print(f"\n{system} / local, per seed (median, range):")
+        for key in ("collect_sps", "steady_sps", "solve_s", "learn_s", "first_step_s"):
+            ratios = [
+                ray[key] / local[key]
+                for ray, local in zip(by[system], by["local"], strict=True)
+                if ray.get(key) and local.get(key)
+            ]
+            print(f"  {key:<13} {median_range(ratios)}")
     return 0
 
 
