@@ -240,7 +240,12 @@ def main() -> int:
     )
     parser.add_argument("--out", default="benchmarks/results/atari_throughput.jsonl")
     args = parser.parse_args()
-    systems = args.systems.split(",")
+    systems: list[str] = []
+    for item in args.systems.split(","):  # "a@x=1,y=2,b": the "y=2" is still a's
+        if systems and "@" in systems[-1] and "=" in item and "@" not in item:
+            systems[-1] += "," + item
+        else:
+            systems.append(item)
     rows: list[dict[str, Any]] = []
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     for repeat in range(args.repeats):
