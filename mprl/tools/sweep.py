@@ -1003,7 +1003,9 @@ def run_sweep(
         n = sweep.total_configs()
         what = f"{n} config{'s' * (n != 1)}" + (" (search)" if spec.is_search else "")
         seeds = len(spec.seeds)
-        say(f"mprl sweep: {spec.plugin}: {what} x {seeds} seeds, {k} runs at a time -> {root}")
+        say(
+            f"mprl sweep: {spec.plugin}: {what} x {seeds} seeds, {k} run{'s' * (k != 1)} at a time -> {root}"
+        )
         if resumed:
             say(f"mprl sweep: {resumed}")
         code = sweep.execute()

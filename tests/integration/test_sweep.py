@@ -82,7 +82,7 @@ def test_a_sweep_stopped_with_sigint_resumes_where_it_was(tmp_path):
         (first / "summary.json").read_bytes(),
         (first / "summary.json").stat().st_mtime_ns,
     )
-    assert "1 runs at a time" in resumed.stderr  # --parallel as given
+    assert "1 run at a time" in resumed.stderr  # --parallel as given
     assert "resuming: 1 configs done, 1 to run again" in resumed.stderr
     progress = [line for line in resumed.stderr.splitlines() if line.startswith("mprl sweep: [")]
     assert len(progress) == 1 and progress[0].startswith("mprl sweep: [2/2] lr=3e-4 seed 0: ")
