@@ -1003,9 +1003,8 @@ def run_sweep(
         n = sweep.total_configs()
         what = f"{n} config{'s' * (n != 1)}" + (" (search)" if spec.is_search else "")
         seeds = len(spec.seeds)
-        say(
-            f"mprl sweep: {spec.plugin}: {what} x {seeds} seeds, {k} run{'s' * (k != 1)} at a time -> {root}"
-        )
+        runs = f"{k} run{'s' * (k != 1)} at a time"
+        say(f"mprl sweep: {spec.plugin}: {what} x {seeds} seeds, {runs} -> {root}")
         if resumed:
             say(f"mprl sweep: {resumed}")
         code = sweep.execute()
