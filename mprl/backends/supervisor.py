@@ -27,6 +27,11 @@ from mprl.run_types import ChildFailure
 from mprl.schema import SharedState
 from mprl.timeline import mark
 
+#: the shortest pause between two looks at a run (see :meth:`Supervisor._next_look`)
+MIN_LOOK_S = 0.01
+#: the pause between looks at a run with an env-step budget while its steps do not move
+UNKNOWN_RATE_LOOK_S = 0.05
+
 #: exit codes of a child that a signal to the whole process group ended (not a crash when the
 #: main process got the signal too)
 STOP_SIGNAL_CODES = (-signal.SIGTERM, -signal.SIGINT, -signal.SIGHUP)
@@ -84,6 +89,7 @@ class Supervisor:
         self.state: SharedState | None = None
         self.outcome: Outcome | None = None  # once the job ended without an error
         self._stopped = False
+        self._seen = (time.monotonic(), 0)  # (when, env steps) at the last look (_next_look)
 
     # -- what a backend says ---------------------------------------------------------------
 
@@ -266,7 +272,26 @@ class Supervisor:
             if reason := end_reason(self.job, done) or asked:
                 return reason, []
             pending = [c.restart_at for c in self.children if c.restart_at is not None]
-            self.pause(min([tick + TICK_S, *pending]), [c for c in self.children if c.live()])
+            self.pause(
+                min([self._next_look(tick), *pending]), [c for c in self.children if c.live()]
+            )
+
+    def _next_look(self, tick: float) -> float:
+        """When to look again: a tick after the last look, or sooner when the env-step budget
+        (--total-steps) is due before then at the rate since the last look (a run that does
+        50,000 steps a second would go 12,500 past its budget in a tick), or when there is no
+        rate to go by yet."""
+        total = self.job.run.total_steps
+        if total is None:
+            return tick + TICK_S
+        now, steps = time.monotonic(), sum(self.steps())
+        (then, before), self._seen = self._seen, (now, steps)
+        rate = (steps - before) / max(now - then, 1e-6)
+        if steps >= total:
+            return tick + TICK_S
+        if rate <= 0:  # no rate to go by yet (starting, or a pause): look again soon
+            return min(tick + TICK_S, now + UNKNOWN_RATE_LOOK_S)
+        return min(tick + TICK_S, now + max(MIN_LOOK_S, (total - steps) / rate))
 
     def _check(self, child: Child) -> ChildFailure | None:
         """``child``'s failure if it crashed or hung (killed then); ``None`` while it runs well

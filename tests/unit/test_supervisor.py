@@ -255,3 +255,40 @@ def test_children_start_in_order_the_trainer_first_and_workers_staggered(start_i
     assert [slot for slot, _ in launched] == [3, 0, 1, 2]
     gaps = [b - a for (_, a), (_, b) in itertools.pairwise(launched[1:])]  # the workers'
     assert all(g >= start_interval for g in gaps)
+
+
+class Budget(Monitor):
+    """Stops at an env-step budget, and keeps the step count of every look."""
+
+    def __init__(self, total: int) -> None:
+        super().__init__()
+        self.total, self.looks = total, []
+
+    def on_tick(self, env_steps: int, per_worker_steps: Sequence[int]) -> str | None:
+        self.looks.append(env_steps)
+        return "total steps reached" if env_steps >= self.total else None
+
+
+class Steady(Scripted):
+    """Children that step at ``rate`` env steps a second from their launch."""
+
+    rate = 2000.0
+    t0: float | None = None
+
+    def launch(self, child: Child, ctx: Any) -> None:
+        super().launch(child, ctx)
+        self.t0 = self.t0 or time.monotonic()
+
+    def steps(self) -> list[int]:
+        moving = 0 if self.t0 is None else int(self.rate * (time.monotonic() - self.t0))
+        return [moving, 0, 0, 0]
+
+
+def test_a_run_with_a_step_budget_is_looked_at_when_the_budget_is_due_not_a_tick_later():
+    """2,000 steps a second and a budget of 600: due at 0.3 s. Looks a tick (0.25 s) apart
+    would see 500, then 1,000 steps; the supervisor looks again when the rate says it is due."""
+    monitor = Budget(total=600)
+    sup = Steady(Job(1, False, total_steps=600, restart_delay=0.0), monitor, {})
+    outcome = sup.execute()
+    assert outcome.stop_reason == "total steps reached"
+    assert 600 <= monitor.looks[-1] < 800, monitor.looks  # seen within 0.1 s of being due
