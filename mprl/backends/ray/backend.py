@@ -167,6 +167,7 @@ class _RayChild(Child):
     poll_ref: Any = None
     poll_sent: float = 0.0
     node: str = ""
+    pid: int = 0  # its actor's process, on ``node``
     base_steps: int = 0  # the slot's steps before this actor
     steps: int = 0  # this actor's steps
     answered: bool = False  # a poll came back since the start
@@ -392,7 +393,7 @@ class _RaySupervisor(Supervisor):
         child.where_ref = None
         if where is None:
             return
-        child.node = where["ip"]
+        child.node, child.pid = where["ip"], where["pid"]
         self.event(
             "placed",
             f"{child.role.who} runs on node {where['ip']} ({where['node_id'][:8]}, "
@@ -585,13 +586,28 @@ class _RaySupervisor(Supervisor):
             ray.kill(self.hub, no_restart=True)
         # a killed actor's task fails once Ray has seen its process end: wait for that, so
         # that no actor process outlives the driver's exit (bounded: Ray reaps the rest)
+        deadline = time.monotonic() + ACTORS_GONE_S
         runs = [c.run_ref for c in self._children() if c.run_ref is not None]
         with contextlib.suppress(Exception):
             ray.wait(runs, num_returns=len(runs), timeout=ACTORS_GONE_S)
+        # Ray sees a process end a few tens of milliseconds before it is gone: on this machine,
+        # wait for that too
+        here = ray.util.get_node_ip_address()
+        for child in self._children():
+            while child.node == here and _actor_alive(child.pid) and time.monotonic() < deadline:
+                time.sleep(0.01)
         if self.server is not None:
             self.server.shutdown()
         if self.session is not None and (self.outcome is None or self.outcome.failures):
             self.event("ray-logs", f"Ray's logs of this run are in {self.session}/logs")
+
+
+def _actor_alive(pid: int) -> bool:
+    """A Ray actor's process ``pid`` is still there on this machine (a zombie is gone)."""
+    try:
+        return pid > 0 and Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"ray::")
+    except OSError:
+        return False
 
 
 def _transport_fields(state: Any) -> list[str]:
