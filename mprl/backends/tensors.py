@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -249,6 +249,15 @@ class TensorWeights(_Bound):
                     dst.copy_(src)
             if int(self._seq_np[0]) == before:
                 return before // 2
+
+    def put(self, tensors: Sequence[torch.Tensor | np.ndarray], version: int) -> None:
+        """Copy ``tensors`` (a model's, :func:`_floating`'s order) in as ``version``: for a
+        publisher that numbers the versions itself (the Ray backend's hub)."""
+        self._seq_np[0] = 2 * version - 1  # odd: a write is in progress
+        with torch.no_grad():
+            for dst, src in zip(self._shared_tensors, tensors, strict=True):
+                dst.copy_(src if isinstance(src, torch.Tensor) else torch.from_numpy(src))
+        self._seq_np[0] = 2 * version
 
     def state(self) -> dict[str, int]:
         return {"version": self.version}

@@ -12,6 +12,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from types import SimpleNamespace
 from typing import Any
 
+import attrs
 import pytest
 import torch
 
@@ -131,3 +132,60 @@ def test_the_hub_never_holds_more_than_the_ranks_slots_and_a_worker_behind_waits
     assert not thread.is_alive()
     taken = hub.take(FIELD, 10, 0.1) or []
     assert len(taken) == 2  # the third and the fourth, left for the learner
+
+
+def test_the_learner_takes_from_the_shared_slots_of_its_machine_and_the_hubs_queue_alike(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    """Worker 0 shares the hub's machine (its slots are the hub's shared memory), worker 1 is
+    elsewhere (its arena is another boot's: it commits through the hub's queue). The learner,
+    in the hub's process, takes both; a commit from elsewhere wakes its wait; a stop ends it."""
+    monkeypatch.setattr(transport, "_HINTS", {})
+    hub, stop = Hub(), threading.Event()
+    handle = SlowHub(hub)
+    arena = hub.arena_rollouts(FIELD, SPEC, 2, 2)
+    assert arena is not None
+    far = RayRollouts(handle, FIELD, SPEC, workers=2, slots_per_worker=2)
+    far.arena = attrs.evolve(arena, boot="another machine")
+    far = far.bind(1, stop.is_set)
+    assert far._here() is None  # (looked at before this process hosts the hub: as elsewhere)
+    monkeypatch.setattr(transport, "_HOSTED", {"slow-hub": hub})
+    near = RayRollouts(handle, FIELD, SPEC, workers=2, slots_per_worker=2)
+    near.arena = arena
+    near = near.bind(0, stop.is_set)
+    learner = RayRollouts(handle, FIELD, SPEC, workers=2, slots_per_worker=2).bind(2, stop.is_set)
+    try:
+        for worker, value in ((near, 1.0), (far, 2.0)):
+            index = worker.acquire()
+            worker.slot(index)["x"].fill_(value)
+            worker.commit(index)
+        assert hub.queued[FIELD] == {1: 1}  # only the far one went through the hub
+        batch = learner.take_batch(2, timeout=5.0)
+        assert batch is not None
+        assert batch["source"].tolist() == [0, 1]
+        assert batch["x"][:, 0].tolist() == [1.0] * 4 and batch["x"][:, 1].tolist() == [2.0] * 4
+        # the near worker's slots bound it as on the local backend: two filled, a third waits
+        for _ in range(2):
+            index = near.acquire(timeout=1.0)
+            near.commit(index)
+        assert near.acquire(timeout=0.1) is None
+        assert learner.take_batch(2, timeout=5.0)["source"].tolist() == [0, 0]
+        start = time.monotonic()
+        assert learner.take_batch(1, timeout=0.2) is None  # nothing anywhere: the timeout
+        assert 0.2 <= time.monotonic() - start < 1.0
+        waiting, got = _in_thread(lambda: learner.take_batch(1, timeout=10.0))
+        time.sleep(0.2)
+        index = far.acquire()
+        far.slot(index)["x"].fill_(3.0)
+        far.commit(index)
+        waiting.join(1.0)
+        assert not waiting.is_alive() and got[0]["x"][0, 0].item() == 3.0
+        waiting, got = _in_thread(lambda: learner.take_batch(1, timeout=None))
+        time.sleep(0.1)
+        stop.set()
+        waiting.join(1.0)
+        assert not waiting.is_alive() and got == [None]
+    finally:
+        stop.set()
+        hub.stop_waits()
+        handle.pool.shutdown(wait=True, cancel_futures=True)

@@ -247,7 +247,10 @@ class _RaySupervisor(Supervisor):
             self.server = ManagerServer(address=(host, 0), authkey=self.authkey)
             manager = self.server.manager
         job = self.job
-        builder = RayStateBuilder(manager, self.hub, job.model, job.algorithm.make_model)
+        builder = RayStateBuilder(
+            manager, self.hub, job.model, job.algorithm.make_model,
+            same_host=not self.options.no_shared_memory,
+        )  # fmt: skip
         state, skipped = job.build_state(builder)
         if job.algorithm.train is not None:
             self._hook_reads(state)

@@ -53,6 +53,13 @@ class RayOptions:
             """(default '{"CPU": 1}'; e.g. '{"CPU": 1, "GPU": 1}')"""
         },
     )
+    no_shared_memory: bool = attrs.field(
+        default=False,
+        metadata={
+            "help": "every rollout and weights version goes through Ray calls, also for the "
+            "workers on the train process's machine (which by default use shared memory)"
+        },
+    )
 
 
 def learner_resources(text: str) -> dict[str, float]:

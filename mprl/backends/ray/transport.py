@@ -37,7 +37,14 @@ import numpy as np
 import ray
 import torch
 
-from mprl.backends.tensors import TensorReplay, _floating
+from mprl.backends.ray import samehost
+from mprl.backends.tensors import (
+    MAX_PAUSE_S,
+    TensorReplay,
+    TensorRollouts,
+    TensorWeights,
+    _floating,
+)
 from mprl.schema import Dims, ReplayPace, RowSpec
 
 #: the longest one wait in the hub's own process lasts (and a remote one once the run stops), so
@@ -70,6 +77,9 @@ class Hub:
         self.weights: dict[str, tuple[int, list[Any]]] = {}
         self.counters: dict[str, int] = {}
         self.replays: dict[str, TensorReplay] = {}
+        #: per rollouts or weights field, its shared memory for this machine's processes
+        #: (:mod:`~mprl.backends.ray.samehost`)
+        self.arenas: dict[str, TensorRollouts | TensorWeights] = {}
         #: per weights field published by the learner this hub lives with: its model, packed
         #: only when a version of it is asked for (:meth:`_payload`), under :attr:`publishing`
         self.live: dict[str, torch.nn.Module] = {}
@@ -152,6 +162,29 @@ class Hub:
                 self._room(field, rank).notify_all()
             return out or None
 
+    def arena_rollouts(
+        self, field: str, spec: RowSpec, workers: int, slots_per_worker: int
+    ) -> samehost.Arena | None:
+        """Rollout slots in shared memory, for the workers on this machine."""
+        made = samehost.make(TensorRollouts(spec, workers, slots_per_worker, False, True))
+        if made is None:
+            return None
+        self.arenas[field] = made[1]
+        return made[0]
+
+    def arena_weights(self, field: str) -> samehost.Arena | None:
+        """The newest weights in shared memory (kept up to date by every publish), for the
+        workers on this machine."""
+        version, payload = self._payload(field)
+        (arrays,) = _unpack([payload])
+        holder = samehost._Holder([torch.from_numpy(np.array(a)) for a in arrays])
+        made = samehost.make(TensorWeights(holder, False, True))
+        if made is None:
+            return None
+        made[1].load({"version": version})
+        self.arenas[field] = made[1]
+        return made[0]
+
     def forget(self, field: str, rank: int) -> None:
         """Drop what ``rank`` queued (its process is gone, and its stored objects with it)."""
         with self._changed:
@@ -167,15 +200,23 @@ class Hub:
 
     def publish(self, field: str, version: int, payload: list[Any]) -> None:
         with self._changed:
-            if version >= self.weights.get(field, (-1, []))[0]:
+            newest = version >= self.weights.get(field, (-1, []))[0]
+            if newest:
                 self.weights[field] = (version, payload)
                 self.live.pop(field, None)
             self._changed.notify_all()
+        arena = self.arenas.get(field)
+        if newest and isinstance(arena, TensorWeights):
+            (arrays,) = _unpack([payload])
+            arena.put(arrays, version)
 
     def publish_live(self, field: str, version: int, model: torch.nn.Module) -> None:
         """The learner in this process published ``version`` of ``model``: packed when a
         process asks for it, not now (a learner updating hundreds of times a second would put
         every version in the object store, and most are never read)."""
+        arena = self.arenas.get(field)
+        if isinstance(arena, TensorWeights):  # (its caller holds publishing)
+            arena.put(arena._tensors(model), version)
         with self._changed:
             self.weights[field] = (version, [])
             self.live[field] = model
@@ -201,6 +242,9 @@ class Hub:
     def set_version(self, field: str, version: int) -> None:
         with self._changed:
             self.weights[field] = (version, self.weights.get(field, (0, []))[1])
+            arena = self.arenas.get(field)
+            if isinstance(arena, TensorWeights):
+                arena.load({"version": version})
             self._changed.notify_all()
 
     def version(self, field: str) -> int:
@@ -421,10 +465,27 @@ class _Bound:
 
     _slot = -1
     _stop: Callable[[], bool] = staticmethod(_never)
+    #: where the field's shared memory is, for the processes on the hub's machine
+    arena: samehost.Arena | None = None
+    _shm: Any = None  # the arena's object as this process uses it, once looked for
+    _looked = False
 
     def __init__(self, hub: Any, field: str) -> None:
         self.hub, self.field = hub, field  # the hub's host: an actor with hub_call()
         self._hub_id = hub._actor_id.hex()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k not in ("_shm", "_looked")}
+
+    def _here(self) -> Any:
+        """The field's shared memory as this process uses it (bound to its slot), when it is
+        on the hub's machine; else ``None``: it goes through Ray."""
+        if not self._looked:
+            self._looked = True
+            hosted = _HOSTED.get(self._hub_id)
+            shm = hosted.arenas.get(self.field) if hosted else samehost.open_arena(self.arena)
+            self._shm = None if shm is None else shm.bind(self._slot, self._stop)
+        return self._shm
 
     def _call(self, method: str, *args: Any) -> Any:
         """Call the hub: in this process when it hosts it, else remotely (an ObjectRef)."""
@@ -493,6 +554,9 @@ class RayRollouts(_Bound):
         return self._buffers
 
     def slot(self, index: int) -> dict[str, torch.Tensor]:
+        shm = self._here()
+        if shm is not None:
+            return shm.slot(index)
         return {name: t[index] for name, t in self._slots().items()}
 
     def acquire(self, timeout: float | None = None) -> int | None:
@@ -504,6 +568,9 @@ class RayRollouts(_Bound):
         weights, as on the local backend."""
         if not 0 <= self._slot < self.workers:
             raise RuntimeError("only a worker acquires rollout slots (the learner takes them)")
+        shm = self._here()
+        if shm is not None:
+            return shm.acquire(timeout)
         if self._stop():
             return None
         behind = self._behind and self._put is not None and self._answer()
@@ -537,7 +604,12 @@ class RayRollouts(_Bound):
         commit reads; when that answer said the rank's queue was full, this waits for room
         first. The hub never holds more than ``slots_per_worker`` of a rank's rollouts, as on
         the local backend (plus, here, the one filled meanwhile). A commit as the run stops
-        is dropped, as a rollout in flight would be."""
+        is dropped, as a rollout in flight would be. On the hub's machine, the slot is shared
+        memory and the commit a flag in it, as on the local backend."""
+        shm = self._here()
+        if shm is not None:
+            shm.commit(index)
+            return
         if self._put is not None and self._answer() and self._wait_room(None) is None:
             return
         slot = self.slot(index)
@@ -548,9 +620,17 @@ class RayRollouts(_Bound):
 
     def take_batch(self, n: int, timeout: float | None = None) -> dict[str, torch.Tensor] | None:
         deadline = None if timeout is None else time.monotonic() + timeout
+        hosted = _HOSTED.get(self._hub_id)
+        shm = self._here() if hosted is not None else None
         while len(self._taken) < n:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             want = n - len(self._taken)
+            if shm is not None and hosted is not None:
+                got = self._take_both(shm, hosted, want, left)
+                if got is None:
+                    return None
+                self._taken += got
+                continue
 
             def take(slice_s: float, want: int = want) -> Any:
                 return self._call("take", self.field, want, slice_s)
@@ -558,14 +638,7 @@ class RayRollouts(_Bound):
             refs = self._waiting(take, left)
             if refs is None:
                 return None
-            try:
-                self._taken += _unpack(refs)
-            except (ray.exceptions.RayError, TimeoutError):  # one by one: keep what is there
-                for packed in refs:
-                    try:
-                        self._taken += _unpack([packed])
-                    except (ray.exceptions.RayError, TimeoutError):
-                        self.lost += 1  # its worker died before the learner got it
+            self._taken += self._unpacked(refs)
         taken, self._taken = self._taken[:n], self._taken[n:]
         taken.sort(key=lambda part: int(part["source"]))  # stable: a rank's own order kept
         return {
@@ -575,6 +648,44 @@ class RayRollouts(_Bound):
             for name, (shape, _) in self.spec.items()
         }
 
+    def _unpacked(self, refs: list[list[Any]]) -> list[dict[str, np.ndarray]]:
+        """The rollouts of ``refs``; one whose worker died before it was read is counted lost."""
+        try:
+            return _unpack(refs)
+        except (ray.exceptions.RayError, TimeoutError):  # one by one: keep what is there
+            out = []
+            for packed in refs:
+                try:
+                    out += _unpack([packed])
+                except (ray.exceptions.RayError, TimeoutError):
+                    self.lost += 1  # its worker died before the learner got it
+            return out
+
+    def _take_both(
+        self, shm: TensorRollouts, hub: Hub, want: int, timeout: float | None
+    ) -> list[dict[str, np.ndarray]] | None:
+        """Up to ``want`` rollouts from both ways in, in the hub's process: the shared slots
+        of the workers on this machine (oldest first), and the hub's queue (the others'). Looks
+        at both every 0.1 ms to :data:`MAX_PAUSE_S` (the wait in between is on the hub's queue,
+        so another node's commit is seen at once); ``None`` once the run stops or after
+        ``timeout``."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pause = 0.0001
+        while not self._stop():
+            got = []
+            while len(got) < want and (index := shm.take(0)) is not None:
+                got.append({name: t[index].numpy().copy() for name, t in shm.buffers.items()})
+                shm.release(index)
+            if len(got) < want:
+                refs = hub.take(self.field, want - len(got), 0.0 if got else pause)
+                got += self._unpacked(refs) if refs else []
+            if got:
+                return got
+            if deadline is not None and time.monotonic() >= deadline:
+                return None
+            pause = min(pause * 2, MAX_PAUSE_S)
+        return None
+
 
 class RayWeights(_Bound):
     """:class:`mprl.transport.WeightBroadcast` across nodes: the learner puts its tensors in the
@@ -583,8 +694,16 @@ class RayWeights(_Bound):
     def _local(self) -> None:
         self._version: int | None = None
 
+    def _here(self) -> Any:
+        """Shared memory for a process on the hub's machine, not for the hub's own (its
+        learner publishes through the hub, which keeps the shared copy up to date)."""
+        return None if _HOSTED.get(self._hub_id) is not None else super()._here()
+
     @property
     def version(self) -> int:
+        shm = self._here()
+        if shm is not None:
+            return shm.version
         if self._version is None:
             self._version = int(_get(self._call("version", self.field)))
         return self._version
@@ -609,6 +728,10 @@ class RayWeights(_Bound):
         self._version = version
 
     def wait(self, newer_than: int, timeout: float | None = None) -> int | None:
+        shm = self._here()
+        if shm is not None:
+            return shm.wait(newer_than, timeout)
+
         def newer(slice_s: float) -> Any:
             return self._call("wait_newer", self.field, newer_than, slice_s)
 
@@ -619,6 +742,9 @@ class RayWeights(_Bound):
         return version
 
     def pull(self, model: torch.nn.Module, have: int = -1) -> int:
+        shm = self._here()
+        if shm is not None:
+            return shm.pull(model, have)
         hint = _HINTS.pop(self.field, None)
         if hint is not None and hint[1] and hint[0] >= _SEEN.get(self.field, -1):
             found: tuple[int, list[Any]] | None = hint
@@ -788,7 +914,9 @@ class RayReplay(_Bound):
 
 class RayStateBuilder:
     """Builds a schema's fields for actors on any node: Manager kinds from a Manager server the
-    actors reach over TCP, transport through ``hub`` and the object store."""
+    actors reach over TCP, transport through ``hub`` and the object store, and, unless
+    ``same_host`` is false, rollouts and weights in shared memory for the actors on the hub's
+    machine (:mod:`~mprl.backends.ray.samehost`)."""
 
     def __init__(
         self,
@@ -796,8 +924,10 @@ class RayStateBuilder:
         hub: Any,
         model: torch.nn.Module,
         make_model: Callable[..., torch.nn.Module],
+        same_host: bool = True,
     ) -> None:
         self.manager, self.hub, self.model, self.make_model = manager, hub, model, make_model
+        self.same_host = same_host
         self._n = 0
 
     def _name(self, kind: str) -> str:
@@ -805,14 +935,22 @@ class RayStateBuilder:
         return f"{kind}{self._n}"
 
     def rollouts(self, spec: RowSpec, workers: int, slots_per_worker: int) -> RayRollouts:
-        return RayRollouts(self.hub, self._name("rollouts"), spec, workers, slots_per_worker)
+        field = self._name("rollouts")
+        made = RayRollouts(self.hub, field, spec, workers, slots_per_worker)
+        if self.same_host:
+            args = (field, spec, workers, slots_per_worker)
+            made.arena = _get(self.hub.hub_call.remote("arena_rollouts", *args))
+        return made
 
     def weights(self) -> RayWeights:
         field = self._name("weights")
         arrays = [t.detach().cpu().numpy() for t in _floating(self.model)]
         packed = _pack(arrays, sum(a.nbytes for a in arrays))
         _get(self.hub.hub_call.remote("publish", field, 0, packed))  # pulled before any update
-        return RayWeights(self.hub, field)
+        made = RayWeights(self.hub, field)
+        if self.same_host:
+            made.arena = _get(self.hub.hub_call.remote("arena_weights", field))
+        return made
 
     def counter(self, processes: int) -> RayCounter:
         field = self._name("counter")

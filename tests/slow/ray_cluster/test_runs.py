@@ -105,14 +105,15 @@ def _checkpoint_of(path: Path) -> dict[str, Any] | None:
 def test_weights_go_from_the_learner_to_the_workers_and_the_driver_reads_them_for_checkpoints(
     cluster, tmp_path
 ):
-    """A plugin with a ``Weights`` field: the driver relays no model to its workers (each acts
-    with exactly the version it pulled), and fetches the learner's state once per checkpoint,
-    never between them; each checkpoint holds the learner's model and optimizer of one moment,
-    no older than the weights published when it was written."""
+    """A plugin with a ``Weights`` field, through Ray as between machines: the driver relays no
+    model to its workers (each acts with exactly the version it pulled), and fetches the
+    learner's state once per checkpoint, never between them; each checkpoint holds the
+    learner's model and optimizer of one moment, no older than the weights published when it
+    was written."""
     run_dir = tmp_path / "run"
     args = ["--backend", "ray", "--ray-address", cluster.address, "--plugin", "versions",
             "--workers", "2", *WORKER, "--max-time", "25", "--checkpoint-every", "1",
-            "--run-dir", str(run_dir)]  # fmt: skip
+            "--no-shared-memory", "--run-dir", str(run_dir)]  # fmt: skip
     seen: list[dict[str, Any]] = []
     with running(args) as proc:
         while proc.poll() is None:
@@ -219,12 +220,16 @@ def test_the_classic_shape_works_across_nodes(cluster, tmp_path):
     assert len({r["node_id"] for r in where.values()}) == 3
 
 
-def test_uint8_frames_cross_nodes_through_the_object_store_byte_for_byte(cluster, tmp_path):
+@pytest.mark.parametrize("shared", [False, True], ids=["object-store", "shared-memory"])
+def test_uint8_frames_cross_nodes_byte_for_byte(cluster, tmp_path, shared):
     """Atari-shaped rollouts (900 KB of uint8 frames each) from workers on two nodes reach the
-    learner on the third as uint8, every byte as written; each commit's call to the hub carries
-    a reference into Ray's object store, not the frames."""
+    learner on the third as uint8, every byte as written. With ``--no-shared-memory`` (as
+    between machines) each commit's call to the hub carries a reference into Ray's object
+    store, not the frames; by default these nodes share the learner's machine, and no commit
+    is a call at all: the slots are the hub's shared memory."""
     run_dir = tmp_path / "run"
-    done = run_ray(cluster, "--plugin", "pixels", "--workers", "2", *WORKER,
+    flag = [] if shared else ["--no-shared-memory"]
+    done = run_ray(cluster, "--plugin", "pixels", "--workers", "2", *WORKER, *flag,
                    "--total-steps", str(32 * 60), "--run-dir", str(run_dir))  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "WARNING" not in done.stderr, done.stderr  # Ray's words on joining from a thread
@@ -232,8 +237,11 @@ def test_uint8_frames_cross_nodes_through_the_object_store_byte_for_byte(cluster
     assert state["bad"] == [0, 0]
     assert min(state["good"]) > 0 and sum(state["good"]) >= 40, state["good"]
     calls = state["call_bytes"]
-    assert len(calls) >= 20  # those made after the learner started weighing them
-    assert max(calls) < 2_000, max(calls)  # a reference and a few names: not 903,168 bytes
+    if shared:
+        assert calls == []
+    else:
+        assert len(calls) >= 20  # those made after the learner started weighing them
+        assert max(calls) < 2_000, max(calls)  # a reference and a few names: not 903,168 bytes
     where = placed(read_metrics(run_dir))
     nodes = {who: r["node_id"] for who, r in where.items()}
     assert len(set(nodes.values())) == 3, nodes  # learner, worker 0, worker 1: one node each
