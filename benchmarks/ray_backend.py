@@ -6,6 +6,8 @@ until CartPole-v1 is solved (or ``--cap-s``):
 ``local``      ``python -m mprl run --plugin impala --workers W`` (spawned processes)
 ``ray``        the same with ``--backend ray`` and no address: a Ray runtime started for the run
 ``cluster``    the same joined to ``--address`` (e.g. two ``ray start`` nodes), when given
+``ray-calls``  ``ray`` with ``--no-shared-memory`` (every rollout a Ray call, as between
+               machines), with ``--calls``
 ``ray-base``   ``ray`` with the mprl of ``--baseline TREE`` (a ``git worktree`` of an older
                commit), when given: a before/after of a change in the same invocation
 ``sb3_ppo``    Stable-Baselines3 PPO, rl-zoo settings (``time_to_solve.run_sb3``)
@@ -102,18 +104,21 @@ def _budget(total_steps: int) -> list[str]:
 def _backend(system: str, address: str) -> list[str]:
     if system in ("ray", "ray-base"):
         return ["--backend", "ray"]
+    if system == "ray-calls":
+        return ["--backend", "ray", "--no-shared-memory"]
     if system == "cluster":
         return ["--backend", "ray", "--ray-address", address]
     return []
 
 
-def _env(system: str, baseline: str) -> dict[str, str]:
-    """``ray-base`` runs the mprl and plugins of the ``baseline`` tree (its actors inherit the
-    path from the Ray the run starts)."""
+def _env(system: str, baseline: str) -> dict[str, Any]:
+    """``subprocess`` arguments: ``ray-base`` runs the mprl and plugins of the ``baseline``
+    tree, from that tree (Ray puts the driver's working directory first on its actors' path:
+    run from this checkout, the actors would import this checkout's mprl)."""
     if system != "ray-base":
-        return dict(os.environ)
+        return {"env": dict(os.environ)}
     path = os.pathsep.join([baseline, str(Path(baseline) / "plugins")])
-    return {**os.environ, "PYTHONPATH": path}
+    return {"env": {**os.environ, "PYTHONPATH": path}, "cwd": baseline}
 
 
 def steady(
@@ -125,7 +130,7 @@ def steady(
     cmd = [sys.executable, "-m", "mprl", "run", "--plugin", plugin, "--workers", str(workers)]
     cmd += ["--seed", str(seed), "--run-dir", str(run_dir), "--quiet", "--target-return", "1e9"]
     cmd += ["--max-time", str(seconds), *_backend(system, address)]
-    subprocess.run(cmd, capture_output=True, text=True, env=_env(system, baseline), timeout=600)
+    subprocess.run(cmd, capture_output=True, text=True, timeout=600, **_env(system, baseline))
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     first = next((r["wall"] for r in records if "episode_return" in r), None)
     ticks = [
@@ -158,7 +163,7 @@ def run_mprl(
     t0 = time.monotonic()
     proc = subprocess.Popen(
         cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        env=_env(system, baseline),
+        **_env(system, baseline),
     )  # fmt: skip
     driver_mb = child_mb = 0.0
     first_step_s = None
@@ -219,8 +224,10 @@ def main() -> int:
     )  # fmt: skip
     parser.add_argument("--warmup-s", type=float, default=5.0)
     parser.add_argument("--baseline", default="", metavar="TREE", help="also run ray-base")
+    parser.add_argument("--calls", action="store_true", help="also run ray-calls")
     args = parser.parse_args()
     systems = ["local", "ray"] + (["cluster"] if args.address else [])
+    systems += ["ray-calls"] if args.calls else []
     systems += ["ray-base"] if args.baseline else []
     rows: list[dict[str, Any]] = []
     for seed in range(args.seeds):
