@@ -108,3 +108,39 @@ def test_a_process_of_another_machine_or_another_file_is_refused():
     assert samehost.open_arena(attrs.evolve(rollouts, token=b"x" * 16)) is None  # another file
     assert samehost.open_arena(attrs.evolve(rollouts, fd=rollouts.fd + 999)) is None
     assert samehost.open_arena(None) is None
+
+
+class _NoCalls:
+    """An actor handle that fails the test on any call: a process on the hub's machine
+    reads weights with none."""
+
+    def __init__(self) -> None:
+        self._actor_id = type("Id", (), {"hex": staticmethod(lambda: "no-calls")})()
+        self.hub_call = self
+
+    def remote(self, method: str, *args: Any) -> Any:
+        raise AssertionError(f"a Ray call ({method}) from a process on the hub's machine")
+
+
+def test_a_worker_on_the_hubs_machine_reads_versions_pulls_and_waits_with_no_call():
+    from mprl.backends.ray.transport import RayWeights
+
+    hub, model = Hub(), _model()
+    arrays = [t.detach().numpy().copy() for t in _floating(model)]
+    hub.publish("weights1", 0, _pack(arrays, 0))
+    weights = RayWeights(_NoCalls(), "weights1")
+    weights.arena = hub.arena_weights("weights1")
+    worker = weights.bind(0, lambda: False)
+    mine = _model()
+    with torch.no_grad():
+        next(model.parameters()).flatten()[0] = 5.0
+    with hub.publishing:
+        hub.publish_live("weights1", 1, model)
+    assert worker.version == 1
+    assert worker.pull(mine, 0) == 1
+    assert all(torch.equal(a, b) for a, b in zip(_floating(model), _floating(mine), strict=True))
+    assert worker.pull(mine, 1) == 1  # nothing newer: nothing copied
+    assert worker.wait(1, timeout=0.05) is None
+    with hub.publishing:
+        hub.publish_live("weights1", 2, model)
+    assert worker.wait(1, timeout=5.0) == 2
