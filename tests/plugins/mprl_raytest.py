@@ -10,7 +10,9 @@ Algorithm ``versions``: the learner publishes its model through a ``Weights`` fi
 milliseconds, each version marked (``marker`` = the version, one Adam step per version); each
 worker pulls into ``ctx.model`` itself now and then and counts the steps it acted with a model
 whose marker is not the version it pulled (``wrong``): the driver must not load anything else
-into a worker's ``ctx.model`` (a plugin with ``Weights`` gets no model relayed).
+into a worker's ``ctx.model`` (a plugin with ``Weights`` gets no model relayed). With
+``learn_s``, the learner returns (ending the run) once it learnt that long and every worker
+acted ``until_checked`` steps with a published version.
 
 Algorithm ``pixels``: each worker commits rollouts of Atari-shaped uint8 frames (8 steps of 4
 envs, 4 stacked 84x84 frames: 900 KB), every byte a function of its rank, the rollout's number
@@ -152,6 +154,10 @@ def train(ctx: mprl.Context) -> None:
 class VersionsConfig:
     pull_every: int = attrs.field(default=50, metadata={"help": "worker steps between pulls"})
     publish_sleep: float = attrs.field(default=0.002, metadata={"help": "seconds per update"})
+    # the learner returns (the run ends) once it has learnt this long and every worker acted
+    # this many steps with a published version: a loaded machine starts later, not less
+    learn_s: float = attrs.field(default=0.0, metadata={"help": "0: until the run stops"})
+    until_checked: int = attrs.field(default=0, metadata={"help": "0: no such end"})
 
 
 VERSIONS = schema.Schema(
@@ -191,7 +197,12 @@ def versions_worker(ctx: mprl.Context) -> None:
 def versions_train(ctx: mprl.Context) -> None:
     cfg: VersionsConfig = ctx.config
     model, weights, optimizer = ctx.model, ctx.state.weights, ctx.optimizer
+    start = looked = time.monotonic()
     while not ctx.should_stop():
+        if cfg.learn_s and time.monotonic() - looked >= 0.5:  # a Manager read twice a second
+            looked = time.monotonic()
+            if looked - start >= cfg.learn_s and min(ctx.state.checked) >= cfg.until_checked:
+                return
         with weights.publishing(model):  # one Adam step and the marker: one version
             optimizer.zero_grad()
             model.policy(torch.ones(1, model.policy.in_features)).sum().backward()

@@ -192,7 +192,7 @@ def _fetch_on_read(key: int, *_: Any) -> None:
 class _RaySupervisor(Supervisor):
     """Ray actors, seen through their run references and polls."""
 
-    startup_timeout_s = 180.0  # placement, then imports
+    startup_timeout_s = 180.0  # placement, then imports (transport.START_TIMEOUT_S too)
     escalation = ((STOP_GRACE_S, "kill"),)
     kill_words = "its actor was killed"
     child_type = _RayChild

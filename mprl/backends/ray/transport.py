@@ -55,6 +55,9 @@ WAIT_SLICE_S = 0.1
 REMOTE_WAIT_S = 1.0
 #: a remote call that should answer at once but does not within this long is an error
 CALL_TIMEOUT_S = 60.0
+#: the longest a call to the hub waits as the run starts (the backend's ``startup_timeout_s``:
+#: the hub's actor is placed and imports torch and the plugin first)
+START_TIMEOUT_S = 180.0
 
 
 def _never() -> bool:
@@ -934,34 +937,46 @@ class RayStateBuilder:
         self._n += 1
         return f"{kind}{self._n}"
 
+    def _call(self, method: str, *args: Any) -> Any:
+        """A call to the hub as the run starts: its actor may still be placed and importing,
+        for as long as the backend gives a starting process (:data:`START_TIMEOUT_S`)."""
+        try:
+            return _get(self.hub.hub_call.remote(method, *args), START_TIMEOUT_S)
+        except ray.exceptions.GetTimeoutError:
+            raise RuntimeError(
+                f"the train process's actor (the run's transport hub) did not start within "
+                f"{START_TIMEOUT_S:.0f} s: placed on a node too busy or too slow to import "
+                "torch and the plugin in time? (`ray status` shows the cluster's load)"
+            ) from None
+
     def rollouts(self, spec: RowSpec, workers: int, slots_per_worker: int) -> RayRollouts:
         field = self._name("rollouts")
         made = RayRollouts(self.hub, field, spec, workers, slots_per_worker)
         if self.same_host:
             args = (field, spec, workers, slots_per_worker)
-            made.arena = _get(self.hub.hub_call.remote("arena_rollouts", *args))
+            made.arena = self._call("arena_rollouts", *args)
         return made
 
     def weights(self) -> RayWeights:
         field = self._name("weights")
         arrays = [t.detach().cpu().numpy() for t in _floating(self.model)]
         packed = _pack(arrays, sum(a.nbytes for a in arrays))
-        _get(self.hub.hub_call.remote("publish", field, 0, packed))  # pulled before any update
+        self._call("publish", field, 0, packed)  # pulled before any update
         made = RayWeights(self.hub, field)
         if self.same_host:
-            made.arena = _get(self.hub.hub_call.remote("arena_weights", field))
+            made.arena = self._call("arena_weights", field)
         return made
 
     def counter(self, processes: int) -> RayCounter:
         field = self._name("counter")
-        _get(self.hub.hub_call.remote("counter_load", field, 0))  # known to every cache: 0
+        self._call("counter_load", field, 0)  # known to every cache: 0
         return RayCounter(self.hub, field)
 
     def replay(
         self, row: RowSpec, capacity: int, workers: int, pace: ReplayPace | None = None
     ) -> RayReplay:
         field = self._name("replay")
-        _get(self.hub.hub_call.remote("replay_init", field, row, capacity, workers, pace))
+        self._call("replay_init", field, row, capacity, workers, pace)
         return RayReplay(self.hub, field, capacity // workers * workers, pace)
 
     def module(self, make: Callable[..., torch.nn.Module] | None, dims: Dims) -> torch.nn.Module:

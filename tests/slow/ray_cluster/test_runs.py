@@ -112,8 +112,9 @@ def test_weights_go_from_the_learner_to_the_workers_and_the_driver_reads_them_fo
     was written."""
     run_dir = tmp_path / "run"
     args = ["--backend", "ray", "--ray-address", cluster.address, "--plugin", "versions",
-            "--workers", "2", *WORKER, "--max-time", "25", "--checkpoint-every", "1",
-            "--no-shared-memory", "--run-dir", str(run_dir)]  # fmt: skip
+            "--workers", "2", *WORKER, "--set", "learn_s=8", "--set", "until_checked=200",
+            "--max-time", "170", "--checkpoint-every", "1", "--no-shared-memory",
+            "--run-dir", str(run_dir)]  # fmt: skip
     seen: list[dict[str, Any]] = []
     with running(args) as proc:
         while proc.poll() is None:
