@@ -136,7 +136,6 @@ def make(obj: TensorRollouts | TensorWeights) -> tuple[Arena, Any] | None:
     with torch.no_grad():
         for name, value in state.items():
             _copy(getattr(shared, name), value)
-    shared._local()  # (its per-process views: of the copied counters)
     return arena, shared
 
 
