@@ -32,10 +32,12 @@ TICK_S = 0.25
 
 def stop_unused_starts() -> None:
     """Stop what ``python -m mprl run`` started ahead for a backend before it knew the run's
-    (the local backend's forkserver) when the run's backend, now prepared, did not take it."""
-    from mprl.backends import forkserver
+    (the local backend's forkserver, a Ray on this machine) when the run's backend, now
+    prepared, did not take it."""
+    from mprl.backends import forkserver, ray_start
 
     forkserver.stop_unclaimed()
+    ray_start.stop_unclaimed()
 
 
 @attrs.frozen

@@ -90,12 +90,9 @@ def start_early(argv: Sequence[str]) -> bool:
 
     from mprl.timeline import mark
 
-    # until the run puts in its own handlers (a clean stop): a SIGTERM or SIGHUP while this
-    # process imports exits it through SystemExit, so its temp dir (the server's socket is in
-    # it) is removed as it is on any exit; the server leaves when this process has gone
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        if signal.getsignal(sig) is signal.SIG_DFL:  # nohup's ignored SIGHUP stays so
-            signal.signal(sig, _exit_on)
+    # the server's socket is in this process's temp dir, removed on exit; the server leaves
+    # when this process has gone
+    exit_on_terminate()
     mp.get_context("forkserver").set_forkserver_preload(list(FORKSERVER_PRELOAD))
     with child_environment(1):
         forkserver.ensure_running()  # returns at once: the server imports in the background
@@ -105,6 +102,15 @@ def start_early(argv: Sequence[str]) -> bool:
     _early = True
     mark("forkserver", server=forkserver._forkserver._forkserver_pid)  # type: ignore[attr-defined]
     return True
+
+
+def exit_on_terminate() -> None:
+    """Until the run puts in its own handlers (a clean stop): a SIGTERM or SIGHUP while this
+    process imports exits it through SystemExit, so what it started ahead is stopped and
+    removed as on any exit (its ``atexit`` functions run)."""
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(sig) is signal.SIG_DFL:  # nohup's ignored SIGHUP stays so
+            signal.signal(sig, _exit_on)
 
 
 def _exit_on(signum: int, frame: Any) -> None:

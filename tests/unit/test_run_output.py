@@ -16,7 +16,7 @@ import torch
 
 import mprl
 from mprl import schema, testing
-from mprl.backends.ray import cluster
+from mprl.backends import ray_start
 from mprl.errors import UsageError
 from mprl.host import checkpoint
 from mprl.host.progress import MODES
@@ -131,10 +131,10 @@ def test_a_worker_print_reaches_this_process_stdout_on_the_serial_backend(capsys
 
 
 def test_rays_token_note_is_left_out_of_its_logger_only_while_mprl_starts_ray(caplog):
-    logger = logging.getLogger(cluster._AUTH_LOGGER)
-    note = f"{cluster.AUTH_NOTE}. Set RAY_AUTH_MODE=disabled to opt out."
-    with caplog.at_level(logging.WARNING, logger=cluster._AUTH_LOGGER):
-        with cluster._without_auth_note():
+    logger = logging.getLogger(ray_start.AUTH_LOGGER)
+    note = f"{ray_start.AUTH_NOTE}. Set RAY_AUTH_MODE=disabled to opt out."
+    with caplog.at_level(logging.WARNING, logger=ray_start.AUTH_LOGGER):
+        with ray_start.without_auth_note():
             logger.warning(note)
             logger.warning("Token authentication is disabled for this Ray cluster.")
         logger.warning(note)  # outside: Ray's word, as Ray says it

@@ -34,7 +34,7 @@ from typing import Any
 
 import attrs
 
-from mprl.backends import base
+from mprl.backends import base, ray_start
 from mprl.backends.base import Job, Monitor, Outcome
 from mprl.backends.processes import ManagerServer, check_memory
 from mprl.backends.ray import cluster
@@ -100,7 +100,8 @@ class RayBackend(base.Backend):
 
         notes: list[str] = []
         # before mprl's signal handlers go in: Ray's init sets its own
-        if not ray.is_initialized():  # else the caller's session, left as it is
+        # else the caller's session, left as it is
+        if ray_start.started_early() or not ray.is_initialized():
             address = job.run.of(cluster.RayOptions).ray_address or os.environ.get(
                 "RAY_ADDRESS", ""
             )
@@ -130,7 +131,7 @@ class RayBackend(base.Backend):
         self.connected = False
         ray.shutdown()  # a runtime this run started stops; a cluster stays up
         if self.session is not None and not self.failed:
-            cluster.remove_session(self.session)
+            ray_start.remove_session(self.session)
 
 
 def _state_bytes(job: Job) -> int:

@@ -3,22 +3,18 @@ asks of the cluster, and Ray's errors in words. Ray is imported only when a run 
 
 from __future__ import annotations
 
-import contextlib
 import json
-import logging
 import math
-import os
-import shutil
-import signal
 import socket
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import attrs
 from attrs import validators as v
 
+from mprl.backends import ray_start
 from mprl.errors import UsageError
 
 INSTALL = 'pip install "mprl[ray]"'
@@ -104,83 +100,23 @@ CONNECT_TIMEOUT_S = 60.0
 
 def connect(address: str, cpus_needed: float) -> Path | None:
     """Join the Ray cluster at ``address``, or start Ray on this machine for the run when it is
-    empty; the embedded Ray's session directory (``None`` for a cluster). Raises
-    :class:`UsageError` naming the address when there is no Ray cluster to join."""
+    empty (or take the one :func:`start_early` started, when it has the CPUs); the embedded
+    Ray's session directory (``None`` for a cluster). Raises :class:`UsageError` naming the
+    address when there is no Ray cluster to join."""
     import ray
 
-    quiet = {"log_to_driver": False, "logging_level": "WARNING"}
+    started = ray_start.take_early()
+    if started is not None:
+        session, failed = started
+        if failed is None and not address and ray.cluster_resources().get("CPU", 0) >= cpus_needed:
+            return session
+        ray_start.stop(session)  # a config file's address, more CPUs, or it failed: started anew
     if address:
         check_address(address)  # ray.init would retry one with no Ray there for minutes
-        with _without(_INIT_LOGGER, THREAD_NOTE):
-            _in_time(lambda: ray.init(address=address, **quiet), address)
+        with ray_start.without(ray_start.INIT_LOGGER, ray_start.THREAD_NOTE):
+            _in_time(lambda: ray.init(address=address, **ray_start.QUIET), address)
         return None
-    # Ray's processes (GCS, raylet, the actors they start) inherit a mask with the terminal's
-    # signals blocked: Ctrl-C and a closed terminal reach the whole process group, but they are
-    # the driver's to act on (a clean stop), as they are for the local backend's children
-    terminal = {signal.SIGINT, signal.SIGHUP}
-    with _without_auth_note(), _blocked(terminal):
-        ray.init(
-            address="local",
-            num_cpus=max(os.cpu_count() or 1, int(-(-cpus_needed // 1))),
-            include_dashboard=False,
-            # Ray starts workers at nice 15; the run's processes are the work here
-            _system_config={"worker_niceness": 0},
-            **quiet,
-        )
-    with contextlib.suppress(Exception):  # Ray's logs of this run: removed unless it fails
-        node = ray._private.worker._global_node  # no public accessor
-        return Path(node.get_session_dir_path())
-    return None
-
-
-@contextlib.contextmanager
-def _blocked(signals: set[signal.Signals]) -> Iterator[None]:
-    """``signals`` blocked in this thread (a signal that comes meanwhile is delivered after)."""
-    mask = signal.pthread_sigmask(signal.SIG_BLOCK, signals)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-
-
-#: what Ray (2.5x and later) logs on every ``ray.init()`` that starts a cluster while
-#: ``RAY_AUTH_MODE`` is unset, having turned token authentication on for it
-AUTH_NOTE = "Token authentication is enabled for this Ray cluster"
-_AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
-#: what Ray logs when ``ray.init()`` runs outside the main thread (:func:`_in_time`): the
-#: driver's SIGTERM is mprl's to handle, as on every backend
-THREAD_NOTE = "SIGTERM handler is not set because current thread is not the main thread"
-_INIT_LOGGER = "ray._private.worker"
-
-
-class _Drop(logging.Filter):
-    def __init__(self, text: str) -> None:
-        super().__init__()
-        self.text = text
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return self.text not in record.getMessage()
-
-
-@contextlib.contextmanager
-def _without(logger_name: str, text: str) -> Iterator[None]:
-    """Ray's log records that contain ``text`` left out meanwhile: news about something that
-    is not the user's to act on. Everything else Ray says is said."""
-    logger = logging.getLogger(logger_name)
-    drop = _Drop(text)
-    logger.addFilter(drop)
-    try:
-        yield
-    finally:
-        logger.removeFilter(drop)
-
-
-def _without_auth_note() -> contextlib.AbstractContextManager[None]:
-    """Ray's :data:`AUTH_NOTE` left out while mprl starts its own throw-away cluster for one
-    run: news about a cluster the user never sees. Authentication is as Ray sets it (token
-    authentication on, as the note says); joining a cluster (``--ray-address``) goes
-    elsewhere, and whatever Ray says there about it is said."""
-    return _without(_AUTH_LOGGER, AUTH_NOTE)
+    return ray_start.start_here(cpus_needed)
 
 
 def _in_time(join: Any, address: str) -> None:
@@ -244,15 +180,6 @@ def _speaks_grpc(sock: socket.socket) -> bool:
     except OSError:
         return False
     return len(head) >= 4 and head[3] == 4  # frame type 4: SETTINGS
-
-
-def remove_session(session: Path) -> None:
-    """Remove an embedded Ray's session directory (its logs) and the link to it."""
-    shutil.rmtree(session, ignore_errors=True)
-    latest = session.parent / "session_latest"
-    with contextlib.suppress(OSError):
-        if latest.is_symlink() and Path(os.readlink(latest)) in (session, Path(session.name)):
-            latest.unlink()
 
 
 def too_big(need: Mapping[str, float]) -> str | None:

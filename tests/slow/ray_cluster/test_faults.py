@@ -143,14 +143,94 @@ def test_with_no_address_the_run_starts_ray_for_itself_and_stops_it(tmp_path, mo
     run_dir = tmp_path / "run"
     sessions = Path(os.environ["RAY_TMPDIR"]) / "ray"
     before = set(sessions.glob("session_2*"))
+    timeline = tmp_path / "timeline.jsonl"
     done = cli("run", "--plugin", "impala", "--backend", "ray", "--workers", "1",
-               "--total-steps", "3000", "--run-dir", str(run_dir), timeout=300)  # fmt: skip
+               "--total-steps", "3000", "--run-dir", str(run_dir), timeout=300,
+               env={**os.environ, "MPRL_TIMELINE": str(timeline)})  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert set(sessions.glob("session_2*")) == before  # its Ray's logs went with it
+    # one Ray, started by the command's first act, while it imported torch, and taken by the run
+    assert _ray_starts(timeline) == ["mprl-ray-start"]
     # Ray's note on turning token authentication on, news about a cluster nobody else sees
     assert "Token authentication is enabled" not in done.stderr, done.stderr
     # its Ray (gcs_server, raylet, workers) was started by the run: the leftover check finds
     # any of them by the test's mark in their environment
+
+
+def _ray_starts(timeline: Path) -> list[str]:
+    """The threads that started a Ray, in order, from a run's timeline."""
+    marks = [json.loads(line) for line in timeline.read_text().splitlines()]
+    return [m["thread"] for m in marks if m["mark"] == "ray-started"]
+
+
+def test_a_run_that_needs_more_cpus_than_its_command_line_said_starts_its_ray_again(
+    tmp_path, monkeypatch
+):
+    """The command line asks for one worker, the config file for three: the Ray started ahead
+    with the command line's CPUs is stopped, and the run starts one that holds it."""
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    sessions = Path(os.environ["RAY_TMPDIR"]) / "ray"
+    before = set(sessions.glob("session_2*"))
+    config, timeline = tmp_path / "three.toml", tmp_path / "timeline.jsonl"
+    config.write_text("[run]\nworkers = 3\n")
+    done = cli("run", "--plugin", "impala", "--backend", "ray", "--config", str(config),
+               "--total-steps", "2000", "--run-dir", str(tmp_path / "run"), "--quiet",
+               timeout=300, env={**os.environ, "MPRL_TIMELINE": str(timeline)})  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert _ray_starts(timeline) == ["mprl-ray-start", "MainThread"]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert len(summary["per_worker_steps"]) == 3 and summary["env_steps"] >= 2000
+    assert set(sessions.glob("session_2*")) == before  # both Rays' logs went
+
+
+def test_a_ray_started_ahead_for_a_command_refused_before_its_run_stops_as_it_exits(
+    tmp_path, monkeypatch
+):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    sessions = Path(os.environ["RAY_TMPDIR"]) / "ray"
+    before = set(sessions.glob("session_2*"))
+    timeline = tmp_path / "timeline.jsonl"
+    done = cli("run", "--plugin", "nosuch", "--backend", "ray",
+               env={**os.environ, "MPRL_TIMELINE": str(timeline)})  # fmt: skip
+    assert done.returncode == 2 and "unknown plugin/algorithm 'nosuch'" in done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    assert _ray_starts(timeline) == ["mprl-ray-start"]  # it had started (or finished starting)
+    assert set(sessions.glob("session_2*")) == before
+    # its Ray's processes: the leftover check finds any of them by the test's mark
+
+
+def test_ctrl_c_while_ray_starts_ahead_of_the_run_stops_it_and_leaves_nothing(
+    tmp_path, monkeypatch
+):
+    """A Ctrl-C to the command's group once its imports are done, while its Ray may still be
+    starting: the command ends as interrupted (130, no traceback); Ray's processes, which keep
+    the terminal's signals blocked, are stopped by it."""
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    sessions = Path(os.environ["RAY_TMPDIR"]) / "ray"
+    before = set(sessions.glob("session_2*"))
+    timeline = tmp_path / "timeline.jsonl"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mprl", "run", "--plugin", "impala", "--backend", "ray",
+         "--workers", "1", "--run-dir", str(tmp_path / "run"), "--quiet"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        env={**os.environ, "MPRL_TIMELINE": str(timeline)},
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not (
+            timeline.exists() and '"mark": "main"' in timeline.read_text()
+        ):
+            time.sleep(0.01)
+        os.killpg(proc.pid, signal.SIGINT)
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode == 130, stderr
+    assert "mprl: interrupted" in stderr and "Traceback" not in stderr, stderr
+    assert "Failed to connect to GCS" not in stderr, stderr
+    assert set(sessions.glob("session_2*")) == before
 
 
 @pytest.mark.parametrize("when", ["at once", "once stepping"])
