@@ -38,7 +38,7 @@ from mprl.backends import base, ray_start
 from mprl.backends.base import Job, Monitor, Outcome
 from mprl.backends.processes import ManagerServer, check_memory
 from mprl.backends.ray import cluster
-from mprl.backends.supervisor import RUNNING, Child, Supervisor
+from mprl.backends.supervisor import RUNNING, Child, NotStarted, Supervisor
 from mprl.context import Context
 from mprl.errors import UsageError
 from mprl.run_types import ChildFailure
@@ -72,7 +72,7 @@ class RayBackend(base.Backend):
     def __init__(self) -> None:
         self.connected = False  # this run started or joined Ray, and leaves it in close()
         self.session: Path | None = None  # an embedded Ray's, removed unless the run failed
-        self.failed = True
+        self.failed = False  # the run failed (or raised): its Ray's logs are kept
 
     def prepare(self, job: Job) -> list[str]:
         """Refuse what cannot run across machines, before anything starts: Ray missing,
@@ -119,6 +119,7 @@ class RayBackend(base.Backend):
         return notes
 
     def execute(self, job: Job, monitor: Monitor) -> Outcome:
+        self.failed = True  # until it has ended without a failure
         outcome = _RaySupervisor(job, monitor, self.session).execute()
         self.failed = bool(outcome.failures)
         return outcome
@@ -236,7 +237,7 @@ class _RaySupervisor(Supervisor):
     def build_state(self) -> tuple[SharedState, str | None]:
         import ray
 
-        from mprl.backends.ray.transport import RayStateBuilder
+        from mprl.backends.ray.transport import START_TIMEOUT_S, HubNotStarted, RayStateBuilder
 
         for child in self._children():  # their processes start (and import torch) together,
             self._new_actor(child)  # while the state is built
@@ -250,9 +251,21 @@ class _RaySupervisor(Supervisor):
         job = self.job
         builder = RayStateBuilder(
             manager, self.hub, job.model, job.algorithm.make_model,
-            same_host=not self.options.no_shared_memory,
+            same_host=not self.options.no_shared_memory, stopping=self._stop_requested,
         )  # fmt: skip
-        state, skipped = job.build_state(builder)
+        try:
+            state, skipped = job.build_state(builder)
+        except HubNotStarted as exc:
+            if exc.reason is not None:  # a Ctrl-C while the actors start
+                raise NotStarted(Outcome(exc.reason)) from None
+            trainer = any(c.role.role == "trainer" for c in self._children())
+            why = (
+                f"did not start within {START_TIMEOUT_S:g} s: its actor (the run's transport "
+                "hub) was not placed yet, or was still importing torch and the plugin; a node "
+                "too busy? (`ray status` shows the cluster's load)"
+            )
+            who = ("trainer", -1) if trainer else ("transport hub", -1)
+            raise NotStarted(Outcome("failed", [ChildFailure(*who, None, why)])) from None
         if job.algorithm.train is not None:
             self._hook_reads(state)
         return state, skipped

@@ -915,6 +915,16 @@ class RayReplay(_Bound):
         return bool(_get(self._call("replay_load", self.field, dict(state)), timeout=600))
 
 
+class HubNotStarted(Exception):
+    """The run's transport hub did not answer as the run started: its actor was not placed,
+    or still imported, within :data:`START_TIMEOUT_S` (``reason`` ``None``), or the run was
+    asked to stop meanwhile (``reason``: why)."""
+
+    def __init__(self, reason: str | None) -> None:
+        super().__init__(reason or f"no answer within {START_TIMEOUT_S:.0f} s")
+        self.reason = reason
+
+
 class RayStateBuilder:
     """Builds a schema's fields for actors on any node: Manager kinds from a Manager server the
     actors reach over TCP, transport through ``hub`` and the object store, and, unless
@@ -928,9 +938,10 @@ class RayStateBuilder:
         model: torch.nn.Module,
         make_model: Callable[..., torch.nn.Module],
         same_host: bool = True,
+        stopping: Callable[[], str | None] = lambda: None,
     ) -> None:
         self.manager, self.hub, self.model, self.make_model = manager, hub, model, make_model
-        self.same_host = same_host
+        self.same_host, self.stopping = same_host, stopping
         self._n = 0
 
     def _name(self, kind: str) -> str:
@@ -939,15 +950,16 @@ class RayStateBuilder:
 
     def _call(self, method: str, *args: Any) -> Any:
         """A call to the hub as the run starts: its actor may still be placed and importing,
-        for as long as the backend gives a starting process (:data:`START_TIMEOUT_S`)."""
-        try:
-            return _get(self.hub.hub_call.remote(method, *args), START_TIMEOUT_S)
-        except ray.exceptions.GetTimeoutError:
-            raise RuntimeError(
-                f"the train process's actor (the run's transport hub) did not start within "
-                f"{START_TIMEOUT_S:.0f} s: placed on a node too busy or too slow to import "
-                "torch and the plugin in time? (`ray status` shows the cluster's load)"
-            ) from None
+        for as long as the backend gives a starting process (:data:`START_TIMEOUT_S`).
+        :class:`HubNotStarted` past that, or once ``stopping()`` gives a reason."""
+        ref = self.hub.hub_call.remote(method, *args)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not ray.wait([ref], timeout=0.25)[0]:
+            if (reason := self.stopping()) is not None:
+                raise HubNotStarted(reason)
+            if time.monotonic() >= deadline:
+                raise HubNotStarted(None)
+        return ray.get(ref)
 
     def rollouts(self, spec: RowSpec, workers: int, slots_per_worker: int) -> RayRollouts:
         field = self._name("rollouts")

@@ -183,19 +183,27 @@ def test_a_run_that_needs_more_cpus_than_its_command_line_said_starts_its_ray_ag
     assert set(sessions.glob("session_2*")) == before  # both Rays' logs went
 
 
+@pytest.mark.parametrize("refused", ["unknown plugin", "run directory in use"])
 def test_a_ray_started_ahead_for_a_command_refused_before_its_run_stops_as_it_exits(
-    tmp_path, monkeypatch
+    tmp_path, monkeypatch, refused
 ):
+    """Refused before the backend took the Ray started ahead (an unknown plugin), or after
+    (a run directory with another run's files): Ray stops and its logs go, nothing ran."""
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     sessions = Path(os.environ["RAY_TMPDIR"]) / "ray"
     before = set(sessions.glob("session_2*"))
-    timeline = tmp_path / "timeline.jsonl"
-    done = cli("run", "--plugin", "nosuch", "--backend", "ray",
-               env={**os.environ, "MPRL_TIMELINE": str(timeline)})  # fmt: skip
-    assert done.returncode == 2 and "unknown plugin/algorithm 'nosuch'" in done.stderr
+    timeline, used = tmp_path / "timeline.jsonl", tmp_path / "used"
+    used.mkdir()
+    (used / "notes.txt").write_text("another run's")
+    plugin = "nosuch" if refused == "unknown plugin" else "impala"
+    done = cli("run", "--plugin", plugin, "--backend", "ray", "--workers", "1",
+               "--run-dir", str(used), env={**os.environ, "MPRL_TIMELINE": str(timeline)})  # fmt: skip
+    said = "unknown plugin/algorithm 'nosuch'" if plugin == "nosuch" else "already exists"
+    assert done.returncode == 2 and said in done.stderr, done.stderr
     assert "Traceback" not in done.stderr, done.stderr
     assert _ray_starts(timeline) == ["mprl-ray-start"]  # it had started (or finished starting)
     assert set(sessions.glob("session_2*")) == before
+    assert sorted(p.name for p in used.iterdir()) == ["notes.txt"]
     # its Ray's processes: the leftover check finds any of them by the test's mark
 
 
@@ -231,6 +239,75 @@ def test_ctrl_c_while_ray_starts_ahead_of_the_run_stops_it_and_leaves_nothing(
     assert "mprl: interrupted" in stderr and "Traceback" not in stderr, stderr
     assert "Failed to connect to GCS" not in stderr, stderr
     assert set(sessions.glob("session_2*")) == before
+
+
+#: a driver whose transport hub answers only after a minute, as an actor placed on a node too
+#: busy to start it would: every call to it is answered by a Ray task that sleeps first
+SLOW_HUB = """
+import sys, time, ray
+from mprl.backends.ray import transport
+transport.START_TIMEOUT_S = float(sys.argv[1])
+
+@ray.remote(num_cpus=0)
+def later():
+    time.sleep(60)
+
+class Slow:
+    def __init__(self, hub):
+        self.hub = hub
+        self.hub_call = self
+
+    def remote(self, *args):
+        print("mprl-test: the hub is called", file=sys.stderr, flush=True)
+        return later.remote()
+
+    def __getattr__(self, name):
+        return getattr(self.hub, name)
+
+built = transport.RayStateBuilder.__init__
+transport.RayStateBuilder.__init__ = lambda self, m, hub, *a, **k: built(self, m, Slow(hub), *a, **k)
+from mprl.tools.cli import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+@pytest.mark.parametrize("how", ["timeout", "ctrl-c"])
+def test_a_hub_that_does_not_answer_as_the_run_starts_ends_it_in_words(cluster, tmp_path, how):
+    """The train process's actor still not answering when the backend's start-up time is up:
+    the run fails naming it (exit 1, no traceback); a Ctrl-C meanwhile ends the wait and the
+    run as interrupted (130). Nothing of it is left (the leftover check)."""
+    run_dir = tmp_path / "run"
+    args = ["run", "--backend", "ray", "--ray-address", cluster.address, "--plugin", "impala",
+            "--workers", "1", "--total-steps", "2000", "--run-dir", str(run_dir)]  # fmt: skip
+    timeout = "2" if how == "timeout" else "180"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SLOW_HUB, timeout, *args],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        if how == "ctrl-c":
+            said = []
+            while not said or "the hub is called" not in said[-1]:
+                said.append(proc.stderr.readline())
+                assert said[-1], said  # (ended before it called the hub)
+            sent = time.monotonic()
+            proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert "Traceback" not in stderr, stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    if how == "timeout":
+        assert proc.returncode == 1, stderr
+        assert "trainer" in stderr and "did not start within 2 s" in stderr, stderr
+        assert summary["status"] == "failed"
+        assert "did not start within 2 s" in summary["failures"][0]["reason"]
+    else:
+        assert proc.returncode == 130, stderr
+        assert time.monotonic() - sent < 30  # the wait's slice, then the stop; not 180 s
+        assert summary["status"] == "interrupted" and summary["env_steps"] == 0
 
 
 @pytest.mark.parametrize("when", ["at once", "once stepping"])
