@@ -214,6 +214,10 @@ class RunMonitor:
     def on_tick(self, env_steps: int, per_worker_steps: Sequence[int]) -> str | None:
         self.stats.set_steps(per_worker_steps)
         self.progress.update(self.stats.snapshot())
+        received = self.stop_signal()
+        if self.state is None:  # still starting (a backend waiting for its state to be built):
+            # no checkpoint, evaluation or budget yet, only a signal that asks to stop
+            return None if received is None else signal.Signals(received).name
         now = time.monotonic()
         if now - self._last_main_record >= METRICS_EVERY_S:
             self._last_main_record = now
@@ -221,7 +225,6 @@ class RunMonitor:
         every = self.info.run.checkpoint_every
         if every and now - self._last_checkpoint >= every:
             self.checkpoint()
-        received = self.stop_signal()
         if received is not None:
             return signal.Signals(received).name
         if self.fault is not None:

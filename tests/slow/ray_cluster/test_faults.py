@@ -278,8 +278,9 @@ def test_a_hub_that_does_not_answer_as_the_run_starts_ends_it_in_words(cluster, 
     run as interrupted (130). Nothing of it is left (the leftover check)."""
     run_dir = tmp_path / "run"
     args = ["run", "--backend", "ray", "--ray-address", cluster.address, "--plugin", "impala",
-            "--workers", "1", "--total-steps", "2000", "--run-dir", str(run_dir)]  # fmt: skip
-    timeout = "2" if how == "timeout" else "180"
+            "--workers", "1", "--total-steps", "2000", "--checkpoint-every", "1",
+            "--run-dir", str(run_dir)]  # fmt: skip
+    timeout = "3" if how == "timeout" else "180"
     proc = subprocess.Popen(
         [sys.executable, "-c", SLOW_HUB, timeout, *args],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -290,6 +291,7 @@ def test_a_hub_that_does_not_answer_as_the_run_starts_ends_it_in_words(cluster, 
             while not said or "the hub is called" not in said[-1]:
                 said.append(proc.stderr.readline())
                 assert said[-1], said  # (ended before it called the hub)
+            time.sleep(2)  # two checkpoint periods of a run still starting
             sent = time.monotonic()
             proc.send_signal(signal.SIGINT)
         _, stderr = proc.communicate(timeout=120)
@@ -299,11 +301,13 @@ def test_a_hub_that_does_not_answer_as_the_run_starts_ends_it_in_words(cluster, 
             proc.communicate()
     assert "Traceback" not in stderr, stderr
     summary = json.loads((run_dir / "summary.json").read_text())
+    # nothing ran: no checkpoint of a state never built (--checkpoint-every is for a run going on)
+    assert not (run_dir / "checkpoints" / "last.pt").exists()
     if how == "timeout":
         assert proc.returncode == 1, stderr
-        assert "trainer" in stderr and "did not start within 2 s" in stderr, stderr
+        assert "trainer did not start within 3 s" in stderr, stderr
         assert summary["status"] == "failed"
-        assert "did not start within 2 s" in summary["failures"][0]["reason"]
+        assert "did not start within 3 s" in summary["failures"][0]["reason"]
     else:
         assert proc.returncode == 130, stderr
         assert time.monotonic() - sent < 30  # the wait's slice, then the stop; not 180 s
