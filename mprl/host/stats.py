@@ -106,6 +106,10 @@ class RunStats:
         self.last_eval = state.get("last_eval")
         if self.solved_at is None and state.get("solved", self.reached()):  # older checkpoints
             self.solved_at = {}
+        if self.solved_at and self.threshold is not None:  # a resume may raise the target
+            at = self.solved_at.get("eval_return_mean", self.solved_at.get("mean_return_100"))
+            if at is not None and at < self.threshold:
+                self.solved_at = None  # solved at a lower target: not at this one (yet)
         self.start = time.monotonic() - float(state["wall_s"])
         self._rate_mark = (time.monotonic(), -1)  # set by the first set_steps
 

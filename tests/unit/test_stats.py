@@ -31,6 +31,23 @@ def test_reached_follows_the_window_mean_and_solved_latches_once_marked():
     assert again.solved() and again.solved_at == {}
 
 
+def test_a_run_resumed_with_a_higher_target_is_solved_only_once_it_reaches_that():
+    stats = RunStats(threshold=10.0, total_steps=None)
+    for _ in range(100):
+        stats.add({"episode_return": 20.0})
+    stats.mark_solved()
+    for threshold, solved in ((20.0, True), (5.0, True), (20.5, False)):
+        again = RunStats(threshold=threshold, total_steps=None)
+        again.restore(stats.state())
+        assert again.solved() is solved, threshold
+    by_eval = RunStats(threshold=10.0, total_steps=None)
+    by_eval.restore(stats.state())
+    by_eval.solved_at = {**stats.solved_at, "eval_return_mean": 30.0, "mean_return_100": 1.0}
+    again = RunStats(threshold=25.0, total_steps=None)
+    again.restore(by_eval.state())
+    assert again.solved()  # solved by evaluation episodes: theirs is the number that counts
+
+
 def test_state_round_trips_counters_and_window():
     stats = RunStats(threshold=None, total_steps=None)
     for r in range(150):
