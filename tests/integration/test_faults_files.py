@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import cli
+from tests.conftest import cli, cli_here
 
 pytestmark = pytest.mark.usefixtures("installed")
 
@@ -38,6 +38,13 @@ def one_line_error(proc: subprocess.CompletedProcess[str], code: int = 2) -> str
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("mprl: error: "), proc.stderr
     return lines[0]
+
+
+def refused_here(capsys: pytest.CaptureFixture[str], *args: str) -> str:
+    """``python -m mprl ARGS`` refused before anything starts, run in this process (a
+    subprocess would only add its start-up): its one ``mprl: error:`` line."""
+    code, err = cli_here(capsys, *args)
+    return one_line_error(subprocess.CompletedProcess(args, code, "", err))
 
 
 def finished_run(run_dir: Path) -> Path:
@@ -120,7 +127,9 @@ def full_disk(tmp_path: Path) -> Iterator[FullDisk]:
 
 
 # 1: a run opens no file of its directory through a link planted there
-def test_files_planted_as_links_or_fifos_are_refused_or_replaced_never_written_through(tmp_path):
+def test_files_planted_as_links_or_fifos_are_refused_or_replaced_never_written_through(
+    tmp_path, capsys
+):
     run_dir = finished_run(tmp_path / "run")
     victim = tmp_path / "victim.txt"
     for name in (".lock", "metrics.jsonl", "metrics.csv"):
@@ -128,8 +137,7 @@ def test_files_planted_as_links_or_fifos_are_refused_or_replaced_never_written_t
         original = run_dir / name
         kept = original.rename(run_dir / f"{name}.kept")
         original.symlink_to(victim)
-        proc = cli("run", "--resume", str(run_dir), "--total-steps", "400", "--quiet")
-        line = one_line_error(proc)
+        line = refused_here(capsys, "run", "--resume", str(run_dir), "--total-steps", "400")
         assert f"{original}" in line and "symbolic link" in line and "--run-dir" in line, line
         assert victim.read_text() == "precious\n", name
         original.unlink()
@@ -137,8 +145,8 @@ def test_files_planted_as_links_or_fifos_are_refused_or_replaced_never_written_t
     os.mkfifo(run_dir / "metrics.csv.fifo")  # a writer would block on it for ever
     (run_dir / "metrics.csv").rename(run_dir / "metrics.csv.kept")
     (run_dir / "metrics.csv.fifo").rename(run_dir / "metrics.csv")
-    proc = cli("run", "--resume", str(run_dir), "--total-steps", "400", "--quiet", timeout=60)
-    assert "is a FIFO" in one_line_error(proc)
+    line = refused_here(capsys, "run", "--resume", str(run_dir), "--total-steps", "400")
+    assert "is a FIFO" in line, line
     (run_dir / "metrics.csv.kept").replace(run_dir / "metrics.csv")
     # a child's stack file is made anew: a link planted in its place is replaced, not followed
     (run_dir / "logs").mkdir(exist_ok=True)
@@ -150,15 +158,14 @@ def test_files_planted_as_links_or_fifos_are_refused_or_replaced_never_written_t
 
 
 # 2: resuming a snapshot that is not the run's last.pt overwrites no newer work
-def test_resuming_another_checkpoint_of_a_run_needs_a_new_run_directory(tmp_path):
+def test_resuming_another_checkpoint_of_a_run_needs_a_new_run_directory(tmp_path, capsys):
     run_dir = finished_run(tmp_path / "run")
     ckpt = run_dir / "checkpoints"
     shutil.copy(ckpt / "last.pt", ckpt / "snapshot.pt")
     shutil.copy(ckpt / "last.pt", tmp_path / "loose.pt")
     before = {p: p.read_bytes() for p in (ckpt / "last.pt", run_dir / "config.json")}
     for snapshot in (ckpt / "snapshot.pt", tmp_path / "loose.pt"):
-        proc = cli("run", "--resume", str(snapshot), "--total-steps", "400", "--quiet")
-        line = one_line_error(proc)
+        line = refused_here(capsys, "run", "--resume", str(snapshot), "--total-steps", "400")
         assert str(snapshot) in line and "--run-dir" in line, line
         assert {p: p.read_bytes() for p in before} == before
     new = tmp_path / "from-snapshot"
@@ -223,7 +230,7 @@ def test_a_full_disk_before_the_start_keeps_a_directory_the_user_made(full_disk)
 
 
 # 13: a read-only run directory is refused before anything starts, naming it
-def test_resuming_into_a_read_only_run_directory_is_refused_naming_it(tmp_path):
+def test_resuming_into_a_read_only_run_directory_is_refused_naming_it(tmp_path, capsys):
     run_dir = finished_run(tmp_path / "run")
     before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
     with contextlib.ExitStack() as stack:
@@ -234,8 +241,7 @@ def test_resuming_into_a_read_only_run_directory_is_refused_naming_it(tmp_path):
             for d in (run_dir, run_dir / "checkpoints"):
                 d.chmod(0o555)
                 stack.callback(d.chmod, 0o755)
-        proc = cli("run", "--resume", str(run_dir), "--total-steps", "400", "--quiet")
-        line = one_line_error(proc)
+        line = refused_here(capsys, "run", "--resume", str(run_dir), "--total-steps", "400")
         assert str(run_dir) in line and "--run-dir" in line, line
         # what the line suggests works: the read-only run resumes into a new directory
         new = tmp_path / "new"
@@ -245,10 +251,11 @@ def test_resuming_into_a_read_only_run_directory_is_refused_naming_it(tmp_path):
 
 
 # 14: a path component longer than the file system allows
-def test_a_run_directory_name_too_long_is_one_line_naming_it(tmp_path):
+def test_a_run_directory_name_too_long_is_one_line_naming_it(tmp_path, capsys):
     run_dir = tmp_path / ("x" * 300) / "run"
-    line = one_line_error(cli("run", *probe(run_dir)))
+    line = refused_here(capsys, "run", *probe(run_dir))
     assert str(run_dir) in line and "too long" in line, line
-    line = one_line_error(cli("run", "--resume", str(run_dir), "--quiet"))
+    line = refused_here(capsys, "run", "--resume", str(run_dir), "--quiet")
     assert str(run_dir) in line and "too long" in line, line
-    assert cli("runs", str(run_dir)).returncode == 2
+    line = refused_here(capsys, "runs", str(run_dir))
+    assert str(run_dir) in line and "too long" in line, line
