@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import cli, read_metrics
+from tests.conftest import cli, cli_here, read_metrics
 
 THRESHOLD = 475.0  # CartPole-v1's reward threshold
 
@@ -64,12 +64,19 @@ def test_resumed_the_budget_counts_the_whole_run(tmp_path):
     assert spent["checkpoint"] is not None
 
 
-def test_a_bad_max_time_exits_2_naming_the_field(tmp_path):
-    result = cli(
-        "run", "--plugin", "a3c", "--max-time", "10 minutes", "--run-dir", str(tmp_path / "r")
+def test_a_bad_max_time_exits_2_naming_the_field(tmp_path, capsys):
+    code, err = cli_here(
+        capsys,
+        "run",
+        "--plugin",
+        "a3c",
+        "--max-time",
+        "10 minutes",
+        "--run-dir",
+        str(tmp_path / "r"),
     )
-    assert result.returncode == 2
-    assert result.stderr.strip() == (
+    assert code == 2
+    assert err.strip() == (
         "mprl: error: run option: field 'max_time': a wall-clock time above 0: seconds or a "
         "number with a unit, e.g. 90s, 10m, 1.5h, 1h30m (none: no limit); got '10 minutes'"
     )
@@ -130,12 +137,12 @@ def test_a3c_judged_on_evaluation_episodes_that_mprl_eval_plays_again(tmp_path):
     assert (tmp_path / "curves.png").stat().st_size > 10_000
 
 
-def test_eval_every_with_a_model_without_act_exits_2(tmp_path, installed):
-    result = cli(
-        "run", "--plugin", "probe", "--eval-every", "100", "--run-dir", str(tmp_path / "r")
+def test_eval_every_with_a_model_without_act_exits_2(tmp_path, installed, capsys):
+    code, err = cli_here(
+        capsys, "run", "--plugin", "probe", "--eval-every", "100", "--run-dir", str(tmp_path / "r")
     )
-    assert result.returncode == 2
-    line = result.stderr.strip()
+    assert code == 2
+    line = err.strip()
     assert line.startswith("mprl: error: --eval-every 100: algorithm 'probe' of plugin ")
     assert "(ProbeModel) without an act(obs_batch, deterministic) method" in line
     assert "add one to the model" in line and len(line.splitlines()) == 1

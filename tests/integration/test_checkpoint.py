@@ -204,9 +204,11 @@ def test_bad_checkpoints_exit_2_naming_the_file(installed, tmp_path, capsys):
             assert (run_dir / "config.json").read_bytes() == config
     # nothing was started or appended: the good run directory is as it was
     assert torch.load(ckpt, weights_only=True)["session"] == 0
-    proc = cli("run", "--resume", str(good), "--plugin", "probe", "--quiet", "-p", "no:testplugin")
-    assert proc.returncode == 2 and "algorithm 'probe' of plugin 'testplugin'" in proc.stderr
-    assert str(ckpt) in proc.stderr
+    code, err = cli_here(
+        capsys, "run", "--resume", str(good), "--plugin", "probe", "--quiet", "-p", "no:testplugin"
+    )
+    assert code == 2 and "algorithm 'probe' of plugin 'testplugin'" in err
+    assert str(ckpt) in err
 
 
 def test_a_failing_checkpoint_write_is_reported_and_the_run_goes_on(installed, tmp_path):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 
-from tests.conftest import cli
+from tests.conftest import cli, cli_here
 
 
 def _train(run_dir, *args: str) -> None:
@@ -29,16 +29,15 @@ def test_eval_is_repeatable_for_a_seed_and_plays_box_actions(tmp_path):
     assert first["deterministic"] is False and first["env_steps_trained"] >= 4000
 
 
-def test_eval_refuses_bad_input_naming_it(tmp_path):
+def test_eval_refuses_bad_input_naming_it(tmp_path, capsys):
     not_a_run = tmp_path / "empty"
     not_a_run.mkdir()
-    proc = cli("eval", str(not_a_run))
-    assert proc.returncode == 2
-    assert f"no checkpoint at '{not_a_run}/checkpoints/last.pt'" in proc.stderr
+    code, err = cli_here(capsys, "eval", str(not_a_run))  # refused before anything starts
+    assert code == 2 and f"no checkpoint at '{not_a_run}/checkpoints/last.pt'" in err, err
     run_dir = tmp_path / "run"
     _train(run_dir, "--plugin", "a3c", "--workers", "1", "--total-steps", "500")
-    proc = cli("eval", str(run_dir), "--episodes", "0")
-    assert proc.returncode == 2 and "--episodes must be at least 1" in proc.stderr
+    code, err = cli_here(capsys, "eval", str(run_dir), "--episodes", "0")
+    assert code == 2 and "--episodes must be at least 1" in err, err
     hidden = tmp_path / "hidden"  # moviepy made unimportable, as on a machine without it
     (hidden / "moviepy").mkdir(parents=True)
     (hidden / "moviepy" / "__init__.py").write_text("raise ImportError('not installed')\n")

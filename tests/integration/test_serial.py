@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from tests.conftest import cli
+from tests.conftest import cli, cli_here
 
 
 def test_cli_serial_stops_at_breakpoint_with_a_prompt(installed, tmp_path):
@@ -22,7 +22,7 @@ def test_cli_serial_stops_at_breakpoint_with_a_prompt(installed, tmp_path):
     assert summary["status"] == "finished" and summary["env_steps"] >= 300
 
 
-def test_cli_serial_contradicting_backend_is_a_usage_error(installed):
-    proc = cli("run", "--plugin", "probe", "--serial", "--backend", "local")
-    assert proc.returncode == 2
-    assert "--serial and --backend local contradict each other" in proc.stderr
+def test_cli_serial_contradicting_backend_is_a_usage_error(installed, capsys):
+    code, err = cli_here(capsys, "run", "--plugin", "probe", "--serial", "--backend", "local")
+    assert code == 2
+    assert "--serial and --backend local contradict each other" in err
