@@ -100,9 +100,9 @@ CONNECT_TIMEOUT_S = 60.0
 
 def connect(address: str, cpus_needed: float) -> Path | None:
     """Join the Ray cluster at ``address``, or start Ray on this machine for the run when it is
-    empty (or take the one :func:`start_early` started, when it has the CPUs); the embedded
-    Ray's session directory (``None`` for a cluster). Raises :class:`UsageError` naming the
-    address when there is no Ray cluster to join."""
+    empty (or take the one :func:`mprl.backends.ray_start.start_early` started, when it has
+    the CPUs); the embedded Ray's session directory (``None`` for a cluster). Raises
+    :class:`UsageError` naming the address when there is no Ray cluster to join."""
     import ray
 
     started = ray_start.take_early()
