@@ -200,7 +200,7 @@ def test_a_ray_started_ahead_for_a_command_refused_before_its_run_stops_as_it_ex
                "--run-dir", str(used), env={**os.environ, "MPRL_TIMELINE": str(timeline)})  # fmt: skip
     said = "unknown plugin/algorithm 'nosuch'" if plugin == "nosuch" else "already exists"
     assert done.returncode == 2 and said in done.stderr, done.stderr
-    assert "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.startswith("mprl: error: ") and done.stderr.count("\n") == 1, done.stderr
     assert _ray_starts(timeline) == ["mprl-ray-start"]  # it had started (or finished starting)
     assert set(sessions.glob("session_2*")) == before
     assert sorted(p.name for p in used.iterdir()) == ["notes.txt"]
