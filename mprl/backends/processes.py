@@ -207,10 +207,18 @@ class ManagerServer:
                 )
                 with contextlib.suppress(OSError):
                     os.kill(self.process.pid, signal.SIGKILL)
+                self.process.join(MANAGER_STOPPED_S)  # reaped: its exit code is there to read
                 return
 
-    def failure(self) -> ChildFailure | None:
-        """The report of a server that died: every Manager kind of the run is lost with it."""
+    def failure(self, settle: bool = False) -> ChildFailure | None:
+        """The report of a server that died: every Manager kind of the run is lost with it.
+
+        :param settle: the run is stopping and this is its last look: a server found stopped
+            is waited on until the watch has killed it (reported then) or it goes on.
+        """
+        deadline = time.monotonic() + MANAGER_STOPPED_S + 1.0
+        while settle and _stopped(self.process.pid) and time.monotonic() < deadline:
+            self._watch.join(0.25)
         code = self.process.exitcode
         if code is None:
             return None

@@ -155,8 +155,11 @@ class Supervisor:
     def release(self) -> None:
         """*Backend*: release what the run held (servers, queues, files), after the checkpoint."""
 
-    def extra_failures(self) -> list[ChildFailure]:
-        """*Backend*: failures of what is not a child (a server the run needs)."""
+    def extra_failures(self, stopping: bool = False) -> list[ChildFailure]:
+        """*Backend*: failures of what is not a child (a server the run needs); ``stopping``:
+        the children have stopped and this is the last look, so one that is not answering is
+        waited on until it is known lost or back (its loss is reported, not a checkpoint's
+        error that follows from it)."""
         return []
 
     # -- the template ------------------------------------------------------------------------
@@ -355,7 +358,7 @@ class Supervisor:
                     rank=child.role.rank,
                 )
         failures = [f for c in running if (f := self.stop_failure(c)) is not None]
-        failures += self.extra_failures()  # a server lost while stopping is reported too
+        failures += self.extra_failures(stopping=True)  # one lost while stopping is reported
         self.after_stop()
         for child in self.children:
             child.done = True

@@ -6,10 +6,12 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 import time
 
 import pytest
 
+from mprl.backends.processes import MANAGER_STOPPED_S, ManagerServer
 from tests.conftest import (
     alive,
     cli,
@@ -73,3 +75,32 @@ def test_a_stopped_manager_server_fails_the_run_naming_it(installed, tmp_path, t
     else:  # stopped by the user: interrupted, and the Manager's end still reported
         assert proc.returncode in (1, 130, 143) and summary["status"] in ("failed", "interrupted")
     assert not alive(server)
+
+
+@pytest.mark.parametrize("then", ["stays stopped", "goes on"])
+def test_the_stops_last_look_at_a_stopped_manager_server_waits_for_its_verdict(then):
+    """At the stop, a server the watch has not yet judged (a loaded machine delays it) is waited
+    on: killed and named if it stays stopped, no failure if it goes on. Without the wait, the
+    stop saw it alive, the final checkpoint then failed on it, and the loss went unreported."""
+    server = ManagerServer()
+    try:
+        os.kill(server.process.pid, signal.SIGSTOP)
+        assert server.failure() is None  # the watch has not counted its 5 s yet
+        if then == "goes on":
+            threading.Timer(1.0, os.kill, (server.process.pid, signal.SIGCONT)).start()
+        start = time.monotonic()
+        lost = server.failure(settle=True)
+        waited = time.monotonic() - start
+        if then == "stays stopped":
+            assert lost is not None and lost.who == "Manager server", lost
+            assert f"stopped (SIGSTOP) and silent for {MANAGER_STOPPED_S:g} s; killed" in (
+                lost.reason
+            )
+            assert not alive(server.process.pid)
+        else:
+            assert lost is None and waited < MANAGER_STOPPED_S, (lost, waited)
+            assert server.manager.dict().copy() == {}  # it answers again
+    finally:
+        if alive(server.process.pid):
+            os.kill(server.process.pid, signal.SIGCONT)
+        server.shutdown()

@@ -317,8 +317,8 @@ class _LocalSupervisor(Supervisor):
             return base.failure(child.role, code, self.errors[source])
         return None
 
-    def extra_failures(self) -> list[ChildFailure]:
-        lost = self.server.failure() if self.server is not None else None
+    def extra_failures(self, stopping: bool = False) -> list[ChildFailure]:
+        lost = self.server.failure(settle=stopping) if self.server is not None else None
         return [lost] if lost is not None else []
 
     def kill_all(self) -> None:
