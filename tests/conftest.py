@@ -55,6 +55,10 @@ def pytest_configure(config: pytest.Config) -> None:
     main_tmp = tempfile.mkdtemp(prefix="mprlt-main-")
     multiprocessing.process.current_process()._config["tempdir"] = main_tmp  # type: ignore[attr-defined]
     config.add_cleanup(lambda: shutil.rmtree(main_tmp, ignore_errors=True))
+    # matplotlib builds its font cache on first use with a `fc-list` subprocess: done here, once,
+    # so a unit test that draws (mprl report) starts no process on a machine without the cache
+    with contextlib.suppress(ImportError):
+        import matplotlib.font_manager  # noqa: F401
 
 
 def main_listeners() -> set[str]:

@@ -11,7 +11,6 @@ children run outside the main process subclasses :class:`mprl.backends.superviso
 
 from __future__ import annotations
 
-import signal
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -19,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import attrs
 import torch
 
+from mprl.backends.processes import available_memory, describe_exit  # noqa: F401 - were here
 from mprl.context import Channel, Context, EnvMaker, derive_seed
 from mprl.run_types import ChildFailure, RunConfig
 from mprl.schema import Builder, Dims, SharedState
@@ -139,18 +139,6 @@ class Job:
         return fn
 
 
-def available_memory() -> int | None:
-    """Bytes of memory this machine can still give (``MemAvailable``), ``None`` where unknown."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
 def end_reason(job: Job, done: Sequence[Role]) -> str | None:
     """Why a job is over once the processes ``done`` have returned: the train process
     returned, or every worker did; ``None`` while it goes on."""
@@ -159,18 +147,6 @@ def end_reason(job: Job, done: Sequence[Role]) -> str | None:
     if sum(r.role == "worker" for r in done) == job.run.workers:
         return "workers finished"
     return None
-
-
-def describe_exit(code: int | None) -> str:
-    """A process's exit code in words: ``killed by signal SIGKILL``, ``exited with code 3``."""
-    if code is None:
-        return "did not exit"
-    if code < 0:
-        try:
-            return f"killed by signal {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exited with code {code}"
 
 
 def failure(role: Role, code: int | None, traceback: str = "", reason: str = "") -> ChildFailure:

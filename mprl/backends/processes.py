@@ -20,7 +20,6 @@ from multiprocessing.managers import SyncManager
 from pathlib import Path
 from typing import Any
 
-from mprl.backends.base import available_memory, describe_exit
 from mprl.backends.forkserver import (  # noqa: F401 - where they were first
     _BLOCKED,
     FORKSERVER_PRELOAD,
@@ -39,6 +38,30 @@ PARENT_DIED_EXIT = 70  # a child's exit code when it left because the main proce
 #: seconds the Manager server may stay stopped (SIGSTOP, a debugger) before it is killed: every
 #: read of shared state waits on it, the main process's too, with no timeout of its own
 MANAGER_STOPPED_S = 5.0
+
+
+def available_memory() -> int | None:
+    """Bytes of memory this machine can still give (``MemAvailable``), ``None`` where unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def describe_exit(code: int | None) -> str:
+    """A process's exit code in words: ``killed by signal SIGKILL``, ``exited with code 3``."""
+    if code is None:
+        return "did not exit"
+    if code < 0:
+        try:
+            return f"killed by signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with code {code}"
 
 
 def set_process_name(name: str) -> None:
