@@ -239,9 +239,12 @@ class ManagerServer:
         :param settle: the run is stopping and this is its last look: a server found stopped
             is waited on until the watch has killed it (reported then) or it goes on.
         """
-        deadline = time.monotonic() + MANAGER_STOPPED_S + 1.0
-        while settle and _stopped(self.process.pid) and time.monotonic() < deadline:
-            self._watch.join(0.25)
+        if settle and _stopped(self.process.pid):
+            deadline = time.monotonic() + 2 * MANAGER_STOPPED_S  # room for a loaded machine
+            while self._watch.is_alive() and time.monotonic() < deadline:
+                if not self.killed_why and not _stopped(self.process.pid):
+                    break  # it goes on
+                self._watch.join(0.25)  # ends once it has killed and reaped the server
         code = self.process.exitcode
         if code is None:
             return None

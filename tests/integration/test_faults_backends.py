@@ -20,15 +20,21 @@ from tests.conftest import (
     stepped,
     wait_for_children,
     wait_for_metrics,
+    wait_until,
 )
 
 
-def _alive(pid: int) -> bool:
+def _state(pid: int) -> str:
+    """``pid``'s state letter in /proc (``R``, ``S``, ``T``, ``Z``; ``""`` when gone)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+            return f.read().rsplit(")", 1)[1].split()[0]
     except OSError:
-        return False
+        return ""
+
+
+def _alive(pid: int) -> bool:
+    return _state(pid) not in ("Z", "")
 
 
 def test_what_a_worker_starts_and_leaves_running_ends_with_the_run(installed, tmp_path):
@@ -85,6 +91,8 @@ def test_the_stops_last_look_at_a_stopped_manager_server_waits_for_its_verdict(t
     server = ManagerServer()
     try:
         os.kill(server.process.pid, signal.SIGSTOP)
+        # the stop shows in /proc once the server is scheduled (later on a loaded machine)
+        wait_until(lambda: _state(server.process.pid) == "T", "the server stopped")
         assert server.failure() is None  # the watch has not counted its 5 s yet
         if then == "goes on":
             threading.Timer(1.0, os.kill, (server.process.pid, signal.SIGCONT)).start()
