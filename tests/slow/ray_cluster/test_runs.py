@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.conftest import clean_stderr, cli, read_metrics, running
+from tests.conftest import clean_stderr, cli, cli_here, read_metrics, running
 from tests.slow.ray_cluster import WORKER, placed, run_ray
 
 ray = pytest.importorskip("ray")
@@ -268,25 +268,28 @@ def test_a_flag_and_a_config_value_reach_every_actor_and_come_back(cluster, tmp_
     assert len(nodes) == 2  # the workers ran on two nodes
 
 
-def test_what_cannot_run_on_ray_is_refused_before_anything_starts(cluster, tmp_path):
+def test_what_cannot_run_on_ray_is_refused_before_anything_starts(cluster, tmp_path, capsys):
+    import ray
+
     cases = {
         ("--plugin", "a3c"): "Hogwild",
         ("--plugin", "probe"): "field 'seen' (Tensor)",
         ("--plugin", "impala", "--learner-resources", "GPU"): "--learner-resources 'GPU'",
     }
-    for args, message in cases.items():
-        done = run_ray(cluster, *args, "--run-dir", str(tmp_path / "never"))
-        assert done.returncode == 2, (args, done.stderr)
-        assert message in done.stderr, (args, done.stderr)
-        assert not (tmp_path / "never").exists()
+    for args, message in cases.items():  # in this process: refused before Ray is joined
+        code, stderr = cli_here(capsys, "run", "--backend", "ray", "--ray-address",
+                                cluster.address, *args, "--run-dir", str(tmp_path / "never"))  # fmt: skip
+        assert code == 2 and message in stderr, (args, stderr)
+        assert not ray.is_initialized() and not (tmp_path / "never").exists()
     # what the cluster cannot hold, or no cluster there: bad usage, said before a run directory
     big = run_ray(cluster, "--plugin", "impala", "--workers", "8", *WORKER,
                   "--run-dir", str(tmp_path / "big"))  # fmt: skip
     assert big.returncode == 2, big.stderr
     assert "the Ray cluster cannot hold this run: the run needs 17 CPU (it has 5)" in big.stderr
-    nobody = cli("run", "--plugin", "impala", "--backend", "ray", "--ray-address", "127.0.0.1:1",
-                 "--run-dir", str(tmp_path / "nobody"))  # fmt: skip
-    assert nobody.returncode == 2 and "127.0.0.1:1: nothing answers there" in nobody.stderr
+    code, stderr = cli_here(capsys, "run", "--plugin", "impala", "--backend", "ray",
+                            "--ray-address", "127.0.0.1:1", "--run-dir", str(tmp_path / "nobody"))  # fmt: skip
+    assert code == 2 and "127.0.0.1:1: nothing answers there" in stderr
+    assert not ray.is_initialized()
     assert not (tmp_path / "big").exists() and not (tmp_path / "nobody").exists()
 
 
