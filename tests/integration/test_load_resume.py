@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 import mprl
-from tests.conftest import cli, read_metrics
+from tests.conftest import cli, cli_here, read_metrics
 
 TINY = {"hidden": [32, 32], "batch_size": 32, "learning_starts": 200, "buffer_size": 3000}
 SETS = [f"--set={k}={v}" for k, v in TINY.items()]
@@ -103,7 +103,7 @@ def test_sac_resumed_with_3_workers_then_1_keeps_its_replay_rows_and_goes_on(tmp
 
 
 def test_per_worker_lists_are_extended_and_cut_and_a_per_worker_tensor_needs_dropping(
-    installed, tmp_path
+    installed, tmp_path, capsys
 ):
     run_dir = tmp_path / "run"
     args = ["--quiet", "--set", "step_sleep=0.001"]
@@ -124,10 +124,13 @@ def test_per_worker_lists_are_extended_and_cut_and_a_per_worker_tensor_needs_dro
     visits = before["shared_state"]["visits"]
     assert len(visits) == 2 and all(v > 0 for v in visits)
 
-    refused = cli("run", "--resume", str(run_dir), "--workers", "3", "--total-steps", "1200", *args)
-    assert refused.returncode == 2, refused.stderr
-    error = refused.stderr.strip().splitlines()[-1]
-    assert error.startswith("mprl: ") and "Traceback" not in refused.stderr
+    # refused before anything starts: in this process
+    code, stderr = cli_here(
+        capsys, "run", "--resume", str(run_dir), "--workers", "3", "--total-steps", "1200", *args
+    )
+    assert code == 2, stderr
+    error = stderr.strip().splitlines()[-1]
+    assert error.startswith("mprl: ") and "Traceback" not in stderr
     ckpt = str(run_dir / "checkpoints" / "last.pt")
     assert f"cannot resume checkpoint {ckpt!r} with 3 workers (it was saved with 2)" in error
     assert "shared-state field 'seen' (Tensor) cannot be fitted to this run: shape (2,)" in error
