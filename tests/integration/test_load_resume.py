@@ -6,12 +6,13 @@ unless dropped; ``mprl.load`` and ``mprl eval`` on what the resumed runs wrote."
 from __future__ import annotations
 
 import json
+import signal
 
 import numpy as np
 import torch
 
 import mprl
-from tests.conftest import cli, cli_here, read_metrics
+from tests.conftest import cli, cli_here, read_metrics, running, wait_for_metrics
 
 TINY = {"hidden": [32, 32], "batch_size": 32, "learning_starts": 200, "buffer_size": 3000}
 SETS = [f"--set={k}={v}" for k, v in TINY.items()]
@@ -107,26 +108,30 @@ def test_per_worker_lists_are_extended_and_cut_and_a_per_worker_tensor_needs_dro
 ):
     run_dir = tmp_path / "run"
     args = ["--quiet", "--set", "step_sleep=0.001"]
-    first = cli(
-        "run",
-        "--plugin",
-        "probe",
-        "--workers",
-        "2",
-        "--total-steps",
-        "600",
-        "--run-dir",
-        str(run_dir),
-        *args,
-    )  # fmt: skip  (both workers step from the same moment: ample for each to end an episode)
-    assert first.returncode == 0, first.stderr
+    # on until each worker has ended an episode (a handshake: on a loaded machine worker 0 once
+    # made a whole step budget before worker 1 had started)
+    with running(["--plugin", "probe", "--workers", "2", "--run-dir", str(run_dir), *args]) as proc:
+        for rank in (0, 1):
+            wait_for_metrics(run_dir, lambda r, rank=rank: r.get("rank") == rank and "env" in r)
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    steps = json.loads((run_dir / "summary.json").read_text())["env_steps"]
     before = saved(run_dir)
     visits = before["shared_state"]["visits"]
     assert len(visits) == 2 and all(v > 0 for v in visits)
 
     # refused before anything starts: in this process
     code, stderr = cli_here(
-        capsys, "run", "--resume", str(run_dir), "--workers", "3", "--total-steps", "1200", *args
+        capsys,
+        "run",
+        "--resume",
+        str(run_dir),
+        "--workers",
+        "3",
+        "--total-steps",
+        str(steps + 600),
+        *args,
     )
     assert code == 2, stderr
     error = stderr.strip().splitlines()[-1]
@@ -138,7 +143,7 @@ def test_per_worker_lists_are_extended_and_cut_and_a_per_worker_tensor_needs_dro
     assert saved(run_dir)["session"] == 0  # nothing was started or written
 
     more = cli(
-        "run", "--resume", str(run_dir), "--workers", "3", "--total-steps", "1200",
+        "run", "--resume", str(run_dir), "--workers", "3", "--total-steps", str(steps + 600),
         "--resume-drop", "seen", *args,
     )  # fmt: skip
     assert more.returncode == 0, more.stderr
@@ -160,7 +165,7 @@ def test_per_worker_lists_are_extended_and_cut_and_a_per_worker_tensor_needs_dro
     assert shared["envs"] == ["Corridor", "Corridor", "Corridor"]
 
     fewer = cli(
-        "run", "--resume", str(run_dir), "--workers", "1", "--total-steps", "1600",
+        "run", "--resume", str(run_dir), "--workers", "1", "--total-steps", str(steps + 1000),
         "--resume-drop", "seen", *args,
     )  # fmt: skip
     assert fewer.returncode == 0, fewer.stderr
