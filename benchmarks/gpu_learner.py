@@ -22,10 +22,10 @@ import torch
 from mprl.device import Staging
 from mprl.lib.envbatch import rollout_spec
 from mprl.lib.nets import ActorCritic, make_optimizer
-from mprl_impala.algorithm import PRESETS as IMPALA_PRESETS
-from mprl_impala.algorithm import ImpalaConfig, update
-from mprl_ppo.algorithm import PRESETS as PPO_PRESETS
-from mprl_ppo.algorithm import PPOConfig
+from mprl_builtin.impala.algorithm import PRESETS as IMPALA_PRESETS
+from mprl_builtin.impala.algorithm import ImpalaConfig, update
+from mprl_builtin.ppo.algorithm import PRESETS as PPO_PRESETS
+from mprl_builtin.ppo.algorithm import PPOConfig
 
 FRAMES = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
 ACTIONS = gym.spaces.Discrete(6)
@@ -76,7 +76,7 @@ def bench_impala(device: torch.device, seconds: float) -> float:
 
 def bench_ppo(device: torch.device, seconds: float) -> float:
     """ppo's update over one iteration's batch (2 workers' rollouts), ``epochs`` passes."""
-    from mprl_ppo.algorithm import _update
+    from mprl_builtin.ppo.algorithm import _update
 
     cfg = PPOConfig(**PPO_PRESETS["atari"])
     shared = ActorCritic(FRAMES, ACTIONS, cfg.hidden)

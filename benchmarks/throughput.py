@@ -57,7 +57,7 @@ import torch
 from mprl.host import config
 from mprl.lib.envbatch import rollout_spec
 from mprl.lib.nets import ActorCritic, make_model, make_optimizer
-from mprl_impala.algorithm import ImpalaConfig, update
+from mprl_builtin.impala.algorithm import ImpalaConfig, update
 
 ENV = "CartPole-v1"
 
@@ -93,8 +93,8 @@ def ceiling(n_envs: int, seconds: float, seed: int = 0) -> float:
 
 
 def learner_capacity(cfg: ImpalaConfig, seconds: float, seed: int = 0) -> float:
-    """Samples/s of impala's learner alone (:func:`mprl_impala.algorithm.update`, one thread)
-    on batches shaped as ``cfg`` makes them: what the train process needs per env step."""
+    """Samples/s of impala's learner alone (:func:`mprl_builtin.impala.algorithm.update`, one
+    thread) on batches shaped as ``cfg`` makes them: what the train process needs per env step."""
     torch.set_num_threads(1)
     torch.manual_seed(seed)
     env = gym.make(ENV)

@@ -13,6 +13,9 @@ moved or went away since mprl 0.1.0, what replaces it, and the release that drop
   :mod:`mprl.hookspecs`) warns when a plugin implements it, and is asked only for a backend
   name no plugin registered through ``mprl_register_backends``.
 - ``MPRL_BLOCK_PLUGINS=mprl.builtin`` (:data:`RENAMED_PLUGINS`) blocks what that plugin became.
+- The built-in plugins' top-level modules (``mprl_dqn`` ...) moved under ``mprl_builtin``
+  (:data:`MOVED_PLUGIN_MODULES`): the same finder makes the old name the new module, but only
+  where no installed module has that name, so a third party's ``mprl_dqn`` always wins.
 
 Removing all of it in 0.3.0: delete this module, the ``install()`` call and ``OLD_MODULES`` look-up
 in ``mprl/__init__.py``, the ``forward`` lines, and the ``deprecated`` uses in
@@ -24,6 +27,7 @@ from __future__ import annotations
 import importlib
 import importlib.abc
 import importlib.machinery
+import pkgutil
 import sys
 import warnings
 from collections.abc import Callable
@@ -177,6 +181,14 @@ RENAMED_PLUGINS: dict[str, tuple[str, ...]] = {
 }
 
 
+#: ``{old top-level module of a built-in plugin: the module it is now}``: the built-ins moved
+#: under ``mprl_builtin`` (a name of mprl's own), leaving ``mprl_<name>`` to third parties
+MOVED_PLUGIN_MODULES: dict[str, str] = {
+    f"mprl_{name}": f"mprl_builtin.{name}"
+    for name in ("a3c", "dqn", "impala", "mappo", "ppo", "sac", "tensorboard")
+}
+
+
 def display(place: str) -> str:
     """A place as a user writes it: ``mprl.host.plugins.PluginManager``."""
     return place.replace(":", ".")
@@ -211,6 +223,14 @@ def renamed_plugin_message(name: str) -> str:
     )
 
 
+def moved_plugin_module_message(old: str) -> str:
+    new = MOVED_PLUGIN_MODULES[old]
+    return (
+        f"module {old} is deprecated: use {new} instead (the built-in plugins moved under "
+        f"mprl_builtin); {old} goes away in mprl {REMOVED_IN}"
+    )
+
+
 def forward(module: str, stacklevel: int = 2) -> Callable[[str], Any]:
     """A module ``__getattr__`` for ``module``: its moved names with a warning, its removed
     names with an error that says what instead. ``stacklevel``: as for ``warnings.warn``, seen
@@ -232,12 +252,13 @@ def forward(module: str, stacklevel: int = 2) -> Callable[[str], Any]:
 
 class _OldModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Makes each module of :data:`OLD_MODULES` on import: a module whose names forward to their
-    new places. Last on ``sys.meta_path``, so a real module of that name always wins."""
+    new places; and each of :data:`MOVED_PLUGIN_MODULES`: the new module itself. Last on
+    ``sys.meta_path``, so a real module of that name always wins."""
 
     def find_spec(
         self, fullname: str, path: Any = None, target: ModuleType | None = None
     ) -> importlib.machinery.ModuleSpec | None:
-        if fullname not in OLD_MODULES:
+        if fullname not in OLD_MODULES and fullname not in MOVED_PLUGIN_MODULES:
             return None
         return importlib.machinery.ModuleSpec(fullname, self)
 
@@ -246,6 +267,9 @@ class _OldModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def exec_module(self, module: ModuleType) -> None:
         name = module.__name__
+        if name in MOVED_PLUGIN_MODULES:
+            _alias_plugin_module(name)
+            return
         names = sorted(MOVED.get(name, {}))
         module.__doc__ = (
             f"Deprecated: {name} is now {OLD_MODULES[name]}; importing from {name} warns and "
@@ -256,8 +280,23 @@ class _OldModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         module.__dir__ = lambda: names  # type: ignore[method-assign]
 
 
+def _alias_plugin_module(old: str) -> None:
+    """Make ``old`` (and ``old.algorithm`` ...) the very modules of its new place: the import
+    system returns what ``sys.modules`` holds once a loader is done. Every submodule is aliased
+    now, so that none is ever loaded a second time under the old name."""
+    warnings.warn(moved_plugin_module_message(old), MprlDeprecationWarning, stacklevel=3)
+    new = MOVED_PLUGIN_MODULES[old]
+    package = importlib.import_module(new)
+    for sub in pkgutil.iter_modules(package.__path__):
+        importlib.import_module(f"{new}.{sub.name}")
+    for name, module in list(sys.modules.items()):
+        if name == new or name.startswith(f"{new}."):
+            sys.modules[old + name[len(new) :]] = module
+
+
 def install() -> None:
-    """Make the gone 0.1.0 modules importable (once per process; ``import mprl`` calls it)."""
+    """Make the gone 0.1.0 modules and the built-in plugins' old module names importable (once
+    per process; ``import mprl`` calls it)."""
     if not any(getattr(f, "mprl_old_modules", False) for f in sys.meta_path):
         finder = _OldModules()
         finder.mprl_old_modules = True  # type: ignore[attr-defined]

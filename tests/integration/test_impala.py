@@ -9,7 +9,7 @@ import signal
 
 import pytest
 
-from mprl_impala.algorithm import COUNT_EVERY_S, ImpalaConfig
+from mprl_builtin.impala.algorithm import COUNT_EVERY_S, ImpalaConfig
 from tests.conftest import (
     cli,
     kill_worker_and_wait_for_restart,

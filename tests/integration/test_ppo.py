@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-from mprl_ppo import PPOConfig
+from mprl_builtin.ppo import PPOConfig
 from tests.conftest import (
     cli,
     kill_worker_and_wait_for_restart,

@@ -42,7 +42,7 @@ def test_mprl_adam_is_built_stepped_and_saved_without_importing_torch_dynamo():
         import sys
         import torch
         from mprl.lib.nets import Adam
-        from mprl_mappo.algorithm import MAPPOConfig, make_optimizer
+        from mprl_builtin.mappo.algorithm import MAPPOConfig, make_optimizer
         model = torch.nn.Linear(4, 2)
         for opt in (Adam(model.parameters(), lr=1e-3, fused=True),
                     make_optimizer(model.parameters(), MAPPOConfig())):

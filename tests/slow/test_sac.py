@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from mprl_sac import SACConfig
+from mprl_builtin.sac import SACConfig
 from tests.unit.test_sac import sac_serial
 
 # small networks and batches: a serial run on two shared cores learns Pendulum in seconds

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from mprl.lib.nets import make_model
-from mprl_a3c.algorithm import A3CConfig, _n_step_returns
+from mprl_builtin.a3c.algorithm import A3CConfig, _n_step_returns
 
 
 def test_n_step_returns_bootstrap_and_stop_at_episode_ends():

@@ -19,10 +19,10 @@ from mprl.backends.child import DeviceLearner
 from mprl.errors import ConfigError, SchemaError
 from mprl.testing import Bench
 from tests.conftest import REPO
-from tests.plugins import mprl_docs_dqn as mprl_dqn
+from tests.plugins import mprl_docs_dqn
 from tests.unit.test_first_plugin_guide import code_blocks
 
-DQN = testing.registered(mprl_dqn)["docs-dqn"]
+DQN = testing.registered(mprl_docs_dqn)["docs-dqn"]
 SMALL = {"buffer_size": 1000, "learning_starts": 200, "batch_size": 16}
 
 
@@ -74,7 +74,7 @@ def test_a_worker_called_by_the_test_writes_its_steps_into_the_shared_state():
     bench = Bench(DQN, workers=2, config=SMALL)
     ctx = bench.context(1, steps=150)
     assert (ctx.role, ctx.rank, ctx.n_workers, ctx.source) == ("worker", 1, 2, "worker:1")
-    mprl_dqn.worker(ctx)  # returns: its stop came after 150 env steps
+    mprl_docs_dqn.worker(ctx)  # returns: its stop came after 150 env steps
     assert bench.env_steps == ctx.env_steps == 150
     assert bench.state.replay.size() == 150
     rows = bench.state.bound(0).replay.sample(32, torch.Generator().manual_seed(0))
@@ -85,11 +85,11 @@ def test_a_worker_called_by_the_test_writes_its_steps_into_the_shared_state():
 
 def test_the_train_process_learns_from_what_a_worker_left():
     bench = Bench(DQN, workers=1, config=SMALL)
-    mprl_dqn.worker(bench.context(0, steps=200))
+    mprl_docs_dqn.worker(bench.context(0, steps=200))
     before = [p.detach().clone() for p in bench.model.parameters()]
     trainer = bench.context("trainer", stop_when=lambda ctx: ctx.state.updates.value >= 5)
     assert (trainer.role, trainer.rank, trainer.source) == ("trainer", -1, "trainer")
-    mprl_dqn.train(trainer)
+    mprl_docs_dqn.train(trainer)
     assert bench.state.updates.value == 5
     assert bench.state.weights.version == 5  # each update published
     after = list(bench.model.parameters())  # the contexts' models write to the bench's
@@ -154,10 +154,10 @@ def test_what_a_bench_refuses():
 
 
 def test_a_bench_of_an_algorithm_by_name_through_the_fixture(mprl_pm, mprl_bench):
-    mprl_pm.register(mprl_dqn)
+    mprl_pm.register(mprl_docs_dqn)
     bench = mprl_bench("docs-dqn", workers=1, config={"buffer_size": 64})
     assert bench.config.buffer_size == 64 and bench.run.workers == 1
-    mprl_dqn.worker(bench.context(0, steps=10))
+    mprl_docs_dqn.worker(bench.context(0, steps=10))
     assert bench.state.replay.size() == 10
     # the same algorithm object too: it is the one the plugin manager has
     assert mprl_bench(DQN).algorithm == DQN

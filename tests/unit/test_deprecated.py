@@ -9,7 +9,9 @@ import re
 import sys
 import textwrap
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -196,7 +198,7 @@ def test_an_mprl_make_backend_hookimpl_is_asked_for_names_no_plugin_registered()
 
 
 def test_a_run_goes_to_the_backend_an_mprl_make_backend_hookimpl_makes(tmp_path: Path) -> None:
-    pm = plugin_manager(importlib.import_module("mprl_a3c"))
+    pm = plugin_manager(importlib.import_module("mprl_builtin.a3c"))
     legacy = LegacyBackends()
     with pytest.warns(MprlDeprecationWarning):
         pm.register(legacy, name="legacy")
@@ -239,6 +241,75 @@ def test_the_0_1_0_documented_backend_plugin_still_works(
     ]
     backend = pm.backend("local-debug")
     assert type(backend) is LocalBackend and isinstance(backend, Backend)
+
+
+# -- the built-in plugins' old module names ----------------------------------------------------
+
+
+def _forget(old: str) -> dict[str, ModuleType]:
+    """Take ``old`` and its submodules out of ``sys.modules``; what was there."""
+    return {
+        name: sys.modules.pop(name)
+        for name in list(sys.modules)
+        if name == old or name.startswith(f"{old}.")
+    }
+
+
+@pytest.fixture
+def forget_mprl_dqn() -> Iterator[None]:
+    """``mprl_dqn`` as never imported during the test, and what it was again after it."""
+    saved = _forget("mprl_dqn")
+    yield
+    _forget("mprl_dqn")
+    sys.modules.update(saved)
+
+
+@pytest.mark.parametrize("old", sorted(deprecated.MOVED_PLUGIN_MODULES))
+def test_a_built_in_plugin_s_old_module_name_is_its_new_module_with_a_warning(old: str) -> None:
+    saved = _forget(old)
+    new = deprecated.MOVED_PLUGIN_MODULES[old]
+    try:
+        with pytest.warns(MprlDeprecationWarning) as caught:
+            module = importlib.import_module(old)
+        for name, sub in sys.modules.items():  # no module is loaded twice under the old name
+            if name.startswith(f"{old}."):
+                assert sub is sys.modules[name.replace(old, new, 1)]
+    finally:
+        _forget(old)
+        sys.modules.update(saved)
+    assert module is importlib.import_module(new)
+    (warning,) = caught
+    assert str(warning.message) == (
+        f"module {old} is deprecated: use {new} instead (the built-in plugins moved under "
+        f"mprl_builtin); {old} goes away in mprl 0.3.0"
+    )
+
+
+def test_the_old_module_names_of_a_plugin_s_parts_are_the_new_ones(forget_mprl_dqn: None) -> None:
+    import mprl_builtin.dqn.algorithm
+
+    with pytest.warns(MprlDeprecationWarning, match="module mprl_dqn is deprecated") as caught:
+        from mprl_dqn.algorithm import DQNConfig  # type: ignore[import-not-found]
+    assert DQNConfig is mprl_builtin.dqn.algorithm.DQNConfig  # one class, not a second copy
+    assert len(caught) == 1 and caught[0].filename == __file__
+    assert sys.modules["mprl_dqn.algorithm"] is mprl_builtin.dqn.algorithm
+
+
+def test_an_installed_module_of_an_old_name_wins_with_no_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, forget_mprl_dqn: None
+) -> None:
+    """A third party's ``mprl_dqn`` (the name the docs tell authors to use) is never shadowed."""
+    package = tmp_path / "mprl_dqn"
+    package.mkdir()
+    (package / "__init__.py").write_text("WHO = 'the third party'\n")
+    (package / "algorithm.py").write_text("WHO = 'the third party, too'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        module = importlib.import_module("mprl_dqn")
+        algorithm = importlib.import_module("mprl_dqn.algorithm")
+    assert module.WHO == "the third party" and module.__file__ == str(package / "__init__.py")
+    assert algorithm.WHO == "the third party, too"
 
 
 # -- plugin names ------------------------------------------------------------------------------

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 import torch
 
-import mprl_dqn
 from mprl.testing import SerialResult, run_serial
-from mprl_dqn import DQNConfig
-from mprl_dqn.algorithm import _update, epsilon, make_model, replay_ratio
+from mprl_builtin import dqn
+from mprl_builtin.dqn import DQNConfig
+from mprl_builtin.dqn.algorithm import _update, epsilon, make_model, replay_ratio
 from tests.conftest import cli_here
 
 #: a small network and SB3's default rhythm (an update every 4 env steps)
@@ -38,7 +38,7 @@ def one_torch_thread():
 
 def dqn_serial(**kw) -> SerialResult:
     with one_torch_thread():
-        return run_serial("dqn", plugins=[mprl_dqn], **kw)
+        return run_serial("dqn", plugins=[dqn], **kw)
 
 
 def test_dqn_learns_cartpole_a_little_at_its_declared_replay_ratio():

@@ -84,6 +84,7 @@ def test_subcommands_and_their_flags_exist(page: Path, capsys: pytest.CaptureFix
 
 def test_no_page_names_a_module_that_moved() -> None:
     stale = r"mprl_make_backend|FAULTS\.md|\bmprl\.(serial|nets|plugins)\b"
+    stale += r"|\bmprl_(a3c|dqn|impala|mappo|ppo|sac|tensorboard)\b"  # now mprl_builtin.NAME
     found = [p.name for p in PAGES if re.search(stale, p.read_text())]
     assert not found, f"stale names in {found}"
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from mprl.lib.nets import make_model, make_optimizer
-from mprl_impala.algorithm import ImpalaConfig, update, vtrace
+from mprl_builtin.impala.algorithm import ImpalaConfig, update, vtrace
 
 
 def _naive_vtrace(log_rhos, discounts, rewards, values, bootstrap, rho_bar, c_bar):

@@ -12,10 +12,10 @@ import pytest
 import torch
 
 import mprl
-import mprl_sac
 from mprl.errors import UsageError
 from mprl.host import checkpoint
 from mprl.testing import plugin_manager, run_serial
+from mprl_builtin import sac
 from tests.conftest import REPO
 from tests.plugins import mprl_testplugin
 
@@ -32,7 +32,7 @@ def sac_run(tmp_path_factory: pytest.TempPathFactory):
     torch.set_num_threads(1)
     try:
         result = run_serial(
-            "sac", plugins=[mprl_sac], env="Pendulum-v1", run_dir=run_dir, total_steps=150,
+            "sac", plugins=[sac], env="Pendulum-v1", run_dir=run_dir, total_steps=150,
             workers=2, seed=3, config=TINY,
         )  # fmt: skip
     finally:
@@ -42,12 +42,12 @@ def sac_run(tmp_path_factory: pytest.TempPathFactory):
 
 def test_load_gives_the_model_ready_to_act_and_everything_the_run_saved(sac_run):
     run_dir, result = sac_run
-    loaded = mprl.load(run_dir, plugins=plugin_manager(mprl_sac))
+    loaded = mprl.load(run_dir, plugins=plugin_manager(sac))
     assert isinstance(loaded, mprl.Checkpoint)
     assert loaded.path == run_dir / "checkpoints" / "last.pt"
-    assert (loaded.algorithm, loaded.plugin) == ("sac", "mprl_sac")
-    assert loaded.spec.name == "sac" and loaded.spec.config_cls is mprl_sac.SACConfig
-    assert isinstance(loaded.config, mprl_sac.SACConfig) and loaded.config.hidden == (16, 16)
+    assert (loaded.algorithm, loaded.plugin) == ("sac", "mprl_builtin.sac")
+    assert loaded.spec.name == "sac" and loaded.spec.config_cls is sac.SACConfig
+    assert isinstance(loaded.config, sac.SACConfig) and loaded.config.hidden == (16, 16)
     assert isinstance(loaded.run, mprl.RunConfig)
     assert (loaded.run.env, loaded.run.workers, loaded.run.seed) == ("Pendulum-v1", 2, 3)
     assert loaded.run.backend == "serial"  # the run's own options, as saved
@@ -86,7 +86,7 @@ def test_load_gives_the_model_ready_to_act_and_everything_the_run_saved(sac_run)
 
 def test_load_takes_a_checkpoint_file_and_checks_the_env_given(sac_run):
     run_dir, _ = sac_run
-    pm = plugin_manager(mprl_sac)
+    pm = plugin_manager(sac)
     file = run_dir / "checkpoints" / "last.pt"
     assert mprl.load(file, plugins=pm, env="Pendulum-v1").env_steps > 0
     with pytest.raises(UsageError, match=r"was trained on 'Pendulum-v1', not 'CartPole-v1'"):
@@ -112,7 +112,7 @@ def test_a_checkpoint_of_a_plugin_not_installed_names_the_plugin_and_its_distrib
 def test_foreign_truncated_or_mismatched_files_are_errors_naming_the_file(sac_run, tmp_path):
     run_dir, _ = sac_run
     good = (run_dir / "checkpoints" / "last.pt").read_bytes()
-    pm = plugin_manager(mprl_sac)
+    pm = plugin_manager(sac)
     cases = {
         "truncated.pt": (good[: len(good) // 2], "is truncated or corrupt"),
         "empty.pt": (b"", "is truncated or corrupt"),
@@ -144,7 +144,7 @@ def test_a_format_1_checkpoint_of_mprl_0_1_0_loads(sac_run, tmp_path):
     del data["optimizers"], data["plugin_distribution"]  # 0.1.0 had neither
     data["extra_state"] = {"weights": data["shared_state"].pop("weights")}  # kept apart then
     torch.save(data, tmp_path / "old.pt")
-    loaded = mprl.load(tmp_path / "old.pt", plugins=plugin_manager(mprl_sac))
+    loaded = mprl.load(tmp_path / "old.pt", plugins=plugin_manager(sac))
     assert (loaded.format_version, loaded.mprl_version) == (1, "0.1.0")
     assert loaded.optimizer_states == {}  # the named optimizers start fresh
     assert loaded.shared_state["weights"] == {"version": result.state.weights.version}

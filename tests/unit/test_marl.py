@@ -197,7 +197,7 @@ def test_mappo_and_ippo_run_serially_and_log_each_agents_return(algorithm):
 
 def test_the_learners_first_minibatch_replays_the_workers_log_probabilities(mprl_pm):
     """Before any update the learner's policy is the workers': its ratio is exactly 1."""
-    from mprl_mappo.algorithm import MAPPOConfig, _prepare, make_model
+    from mprl_builtin.mappo.algorithm import MAPPOConfig, _prepare, make_model
 
     cfg = MAPPOConfig(envs_per_worker=2, n_steps=5)
     ctx = _Ctx(mprl_pm, "mpe2:simple_spread_v3(N=3, max_cycles=25)")
@@ -280,7 +280,7 @@ class _RelayEnvs:
 
 def test_an_agent_that_finishes_early_is_masked_out_of_the_rollout_and_the_loss():
     from mprl.testing import plugin_manager
-    from mprl_mappo.algorithm import MAPPOConfig, _prepare, make_model
+    from mprl_builtin.mappo.algorithm import MAPPOConfig, _prepare, make_model
 
     pm = plugin_manager(_RelayEnvs())
     ctx = _Ctx(pm, "relay")

@@ -12,13 +12,13 @@ from mprl import schema
 from mprl.backends.tensors import TensorStateBuilder
 from mprl.errors import SchemaError
 from tests.conftest import cli_here
-from tests.plugins import mprl_docs_dqn as mprl_dqn
+from tests.plugins import mprl_docs_dqn
 
 SMALL = {"buffer_size": 1000, "learning_starts": 200, "target_every": 50, "batch_size": 32}
 
 
 def test_dqn_learns_from_its_replay_buffer_in_serial_mode(mprl_pm, mprl_serial):
-    mprl_pm.register(mprl_dqn)
+    mprl_pm.register(mprl_docs_dqn)
     a, b = (
         mprl_serial("docs-dqn", workers=2, total_steps=2000, seed=5, config=SMALL) for _ in "ab"
     )
@@ -31,7 +31,7 @@ def test_dqn_learns_from_its_replay_buffer_in_serial_mode(mprl_pm, mprl_serial):
     assert logged and all(u % 50 == 0 for u in logged)
     # the target network is the model as of the last copy, not its initial weights
     spaces = gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2)
-    initial = mprl_dqn.make_model(*spaces, mprl_dqn.DQNConfig())
+    initial = mprl_docs_dqn.make_model(*spaces, mprl_docs_dqn.DQNConfig())
     assert not torch.equal(state.target[0].weight, initial[0].weight)
     assert a.episode_returns == b.episode_returns  # a serial run repeats for a seed
 
@@ -48,7 +48,9 @@ def test_sizes_from_the_config_are_checked_before_anything_starts(installed, cap
     code, err = cli_here(capsys, "run", "--plugin", "docs-dqn", "--set", "buffer_size=0")
     assert code == 2
     assert "shared-state field 'replay' (ReplayBuffer): size 'config.buffer_size' is 0" in err
-    dims = schema.Dims(2, gym.spaces.Box(-1, 1, (3,)), gym.spaces.Discrete(2), mprl_dqn.DQNConfig())
+    dims = schema.Dims(
+        2, gym.spaces.Box(-1, 1, (3,)), gym.spaces.Discrete(2), mprl_docs_dqn.DQNConfig()
+    )
     with pytest.raises(SchemaError, match=r"size 'config\.buffer_sise': the config has no field"):
         schema.Schema(replay=schema.ReplayBuffer("config.buffer_sise")).check_dims(dims)
     with pytest.raises(SchemaError, match=r"'config\.2x' must be an int, 'workers', 'all'"):

@@ -14,7 +14,7 @@ from mprl.errors import PluginError
 from mprl.host.options import RunOptions
 from mprl.host.plugins import get_plugin_manager
 from mprl.tools.cli import main
-from mprl_tensorboard import TensorBoardOptions
+from mprl_builtin.tensorboard import TensorBoardOptions
 
 
 @attrs.frozen

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mprl_ppo import PPOConfig, gae
+from mprl_builtin.ppo import PPOConfig, gae
 
 
 def test_gae_spans_td_error_to_monte_carlo_and_stops_at_episode_ends():

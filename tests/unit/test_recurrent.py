@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-import mprl_impala.algorithm as impala
-import mprl_ppo.algorithm as ppo
+import mprl_builtin.impala.algorithm as impala
+import mprl_builtin.ppo.algorithm as ppo
 from mprl.errors import ConfigError
 from mprl.host.config import build
 from mprl.lib import recurrent

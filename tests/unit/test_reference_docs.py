@@ -68,7 +68,7 @@ def test_every_file_of_the_repository_a_page_cites_exists(page):
 
 def test_the_reference_answers_what_plugin_authors_asked():
     # the off-policy example is a built-in plugin, not the test suite's
-    assert "`plugins/mprl_dqn`" in REFERENCE and "tests/plugins/mprl_dqn" not in REFERENCE
+    assert "`plugins/mprl_builtin/dqn`" in REFERENCE and "tests/plugins/mprl_dqn" not in REFERENCE
     # a Module stays on the CPU under --device; classes on a Queue are unpickled by the server
     assert "a `schema.Module` (a target network) too" in REFERENCE
     assert "Your own classes on a `Queue`" in REFERENCE

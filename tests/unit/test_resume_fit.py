@@ -9,11 +9,11 @@ import gymnasium as gym
 import pytest
 import torch
 
-import mprl_sac
 from mprl import schema
 from mprl.backends.tensors import TensorReplay
 from mprl.errors import UsageError
 from mprl.testing import plugin_manager, run_serial
+from mprl_builtin import sac as sac_plugin
 from tests.plugins import mprl_testplugin
 
 ROW = {"x": ((), torch.int64), "obs": ((2,), torch.float32)}
@@ -157,7 +157,7 @@ def sac(tmp_path, name: str, **kw):
     torch.set_num_threads(1)
     try:
         return run_serial(
-            "sac", plugins=[mprl_sac], env="Pendulum-v1", run_dir=tmp_path / name, **kw
+            "sac", plugins=[sac_plugin], env="Pendulum-v1", run_dir=tmp_path / name, **kw
         )
     finally:
         torch.set_num_threads(threads)

@@ -22,9 +22,9 @@ from mprl.host import checkpoint
 from mprl.host.progress import MODES
 from mprl.host.stats import RunStats
 from tests.conftest import REPO
-from tests.plugins import mprl_docs_dqn as mprl_dqn
+from tests.plugins import mprl_docs_dqn
 
-DQN = testing.registered(mprl_dqn)["docs-dqn"]
+DQN = testing.registered(mprl_docs_dqn)["docs-dqn"]
 
 
 @pytest.mark.parametrize("mode", ["quiet", "", None, "Plain", 0])

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 import torch
 
-import mprl_sac
 from mprl.errors import UsageError
 from mprl.testing import SerialResult, run_serial
-from mprl_sac import SACConfig
-from mprl_sac.algorithm import make_model
+from mprl_builtin import sac
+from mprl_builtin.sac import SACConfig
+from mprl_builtin.sac.algorithm import make_model
 from tests.conftest import cli_here
 
 TINY = {"hidden": [32, 32], "batch_size": 64, "learning_starts": 300, "buffer_size": 5000}
@@ -34,7 +34,7 @@ def one_torch_thread():
 
 def sac_serial(**kw) -> SerialResult:
     with one_torch_thread():
-        return run_serial("sac", plugins=[mprl_sac], env="Pendulum-v1", **kw)
+        return run_serial("sac", plugins=[sac], env="Pendulum-v1", **kw)
 
 
 def test_the_policy_plays_squashed_actions_inside_the_bounds():

@@ -10,7 +10,7 @@ from __future__ import annotations
 import gymnasium as gym
 
 import mprl
-from mprl_mappo.algorithm import (
+from mprl_builtin.mappo.algorithm import (
     SCHEMA,
     AgentsModel,
     IPPOConfig,

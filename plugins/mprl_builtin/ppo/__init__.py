@@ -13,7 +13,7 @@ import gymnasium as gym
 import mprl
 from mprl.lib.nets import make_optimizer
 from mprl.lib.recurrent import make_model
-from mprl_ppo.algorithm import PRESETS, SCHEMA, PPOConfig, gae, train, worker
+from mprl_builtin.ppo.algorithm import PRESETS, SCHEMA, PPOConfig, gae, train, worker
 
 __version__ = "0.1.0"
 __all__ = ["ALGORITHM", "PPOConfig", "gae"]

@@ -11,7 +11,7 @@ import gymnasium as gym
 
 import mprl
 from mprl.lib.nets import make_model, make_optimizer
-from mprl_a3c.algorithm import PRESETS, A3CConfig, worker
+from mprl_builtin.a3c.algorithm import PRESETS, A3CConfig, worker
 
 __version__ = "0.1.0"
 

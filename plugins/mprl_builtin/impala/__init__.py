@@ -12,7 +12,7 @@ import gymnasium as gym
 import mprl
 from mprl.lib.nets import make_optimizer
 from mprl.lib.recurrent import make_model
-from mprl_impala.algorithm import (
+from mprl_builtin.impala.algorithm import (
     PRESETS,
     SCHEMA,
     ImpalaConfig,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import gymnasium as gym
 
 import mprl
-from mprl_dqn.algorithm import (
+from mprl_builtin.dqn.algorithm import (
     SCHEMA,
     DQNConfig,
     QNetwork,

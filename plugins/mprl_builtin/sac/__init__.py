@@ -12,7 +12,7 @@ from __future__ import annotations
 import gymnasium as gym
 
 import mprl
-from mprl_sac.algorithm import (
+from mprl_builtin.sac.algorithm import (
     PRESETS,
     SCHEMA,
     SACConfig,

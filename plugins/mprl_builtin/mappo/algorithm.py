@@ -30,7 +30,7 @@ from mprl.lib.marl import AgentBatch, agent_rollout_spec
 from mprl.lib.nets import Adam, field_help, merge_moments, mlp
 from mprl.spaces import AgentBox
 from mprl.transport import RolloutSlots, WeightBroadcast
-from mprl_ppo import gae
+from mprl_builtin.ppo import gae
 
 LOG_EVERY_S = 2.0  # how often the learner reports losses and rates
 
