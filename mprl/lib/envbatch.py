@@ -11,9 +11,12 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from mprl.lib.nets import ActorCritic, merge_moments
-from mprl.lib.recurrent import recurrent_rollout, state_spec
+from mprl.lib.nets import ActorCritic
+from mprl.lib.norms import ReturnNorm
+from mprl.lib.recurrent import state_spec
 from mprl.schema import obs_dtype
+
+__all__ = ["EnvBatch", "ReturnNorm", "rollout_spec"]  # ReturnNorm is mprl.lib.norms's
 
 
 def rollout_spec(
@@ -34,32 +37,6 @@ def rollout_spec(
         "done": ((steps, envs), torch.float32),
         **(state_spec(config, obs_space, envs) if config is not None else {}),
     }
-
-
-class ReturnNorm:
-    """Rewards divided by a running standard deviation of the discounted return, then clipped
-    (the reward scaling of SB3's ``VecNormalize`` and gymnasium's ``NormalizeReward``): the
-    value targets of MuJoCo's tasks, whose returns run to the thousands, stay near unit size.
-    The statistics are the worker's own and start again with it (a restart, a resume).
-
-    :param n: how many environments (one discounted return each).
-    :param gamma: the discount of the return.
-    """
-
-    def __init__(self, n: int, gamma: float, clip: float = 10.0) -> None:
-        self.gamma, self.clip = gamma, clip
-        self.ret = np.zeros(n)
-        self.mean, self.var, self.count = 0.0, 1.0, 1e-4
-
-    def __call__(self, rewards: np.ndarray, dones: np.ndarray) -> np.ndarray:
-        """``rewards`` scaled; ``dones`` end those envs' returns."""
-        self.ret = self.ret * self.gamma + rewards
-        self.mean, self.var, self.count = merge_moments(
-            self.mean, self.var, self.count, self.ret.mean(), self.ret.var(), len(self.ret)
-        )
-        self.ret[dones] = 0.0
-        scaled = rewards / np.sqrt(self.var + 1e-8)
-        return np.clip(scaled, -self.clip, self.clip).astype(np.float32)
 
 
 class _Beat:
@@ -145,14 +122,19 @@ class EnvBatch:
     def step(self, model: ActorCritic, actions: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
         """Step every env with ``actions``; ``self.obs`` becomes the next observations. Returns
         the rewards and dones (views, overwritten by the next call)."""
-        self.rewards[:], self.dones[:] = self._step(model, actions)
+        self.rewards[:], self.dones[:], _ = self._step(model, actions)
         self.beat()  # a step of thousands of envs takes a while
         return self.rewards, self.dones
 
-    def _step(self, model: ActorCritic, actions: torch.Tensor) -> tuple[Any, Any]:
+    def _step(
+        self, model: ActorCritic, actions: torch.Tensor, state: torch.Tensor | None = None
+    ) -> tuple[Any, Any, list[int]]:
+        """:meth:`step` without the beat: the rewards learned from, the dones, and the envs
+        whose episode ended. ``state``: a recurrent model's, after this step."""
         rewards, dones, ends = self.advance(model.to_env(actions))
         cut = [(i, o) for i, o, terminated in ends if not terminated]
-        return self._learned(model, rewards, dones, cut)
+        rewards, dones = self._learned(model, rewards, dones, cut, state)
+        return rewards, dones, [i for i, _, _ in ends]
 
     def advance(self, env_actions: Any) -> tuple[Any, Any, list[tuple[int, np.ndarray, bool]]]:
         """Step every env with ``env_actions`` (as the envs take them): episodes logged,
@@ -207,7 +189,12 @@ class EnvBatch:
         return rewards.astype(np.float32), done, ends
 
     def _learned(
-        self, model: ActorCritic, rewards: Any, dones: Any, cut: list[tuple[int, np.ndarray]]
+        self,
+        model: ActorCritic,
+        rewards: Any,
+        dones: Any,
+        cut: list[tuple[int, np.ndarray]],
+        state: torch.Tensor | None,
     ) -> tuple[Any, Any]:
         """The rewards learned from: scaled (``normalize_reward``), then, where a time limit
         stopped an episode (not a failure), the discounted value of where it stopped added."""
@@ -217,37 +204,64 @@ class EnvBatch:
         if self.return_norm is not None:
             rewards = self.return_norm(rewards, np.asarray(dones, dtype=bool))
         if cut:
-            with torch.no_grad():
-                values = model.value(self._tensor(np.stack([o for _, o in cut])))
-            for (i, _), value in zip(cut, values.tolist(), strict=True):
+            ids = [i for i, _ in cut]
+            last = self._tensor(np.stack([o for _, o in cut]))
+            values = self.bootstrap(model, last, None if state is None else state[:, ids])
+            for i, value in zip(ids, values.tolist(), strict=True):
                 rewards[i] += self.gamma * value
         return rewards, dones
+
+    def bootstrap(
+        self, model: ActorCritic, obs: torch.Tensor, state: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """The values ``[k]`` of observations ``obs`` ``[k, ...]``: the last ones of episodes a
+        time limit stopped, whose value the step adds, times ``gamma``, to their last reward
+        (the return the time limit cut off). A recurrent model values each with ``state``
+        ``[rows, k, size]``, the state its env's last step left."""
+        with torch.no_grad():
+            if state is None:
+                return model.value(obs)
+            return model.step(obs, state)[1]  # type: ignore[operator]
 
     def _tensor(self, obs: np.ndarray) -> torch.Tensor:
         return torch.as_tensor(obs, dtype=self.dtype)
 
     def rollout(self, model: ActorCritic, slot: dict[str, torch.Tensor]) -> None:
         """Act with ``model`` for as many steps as ``slot`` holds (one batched forward per step)
-        and write the rollout into it in place: the fields of :func:`rollout_spec`. A recurrent
-        model (``core=lstm``/``gru``) collects with
-        :func:`mprl.lib.recurrent.recurrent_rollout` instead (``slot`` has a ``state`` then)."""
-        if "state" in slot:
-            return recurrent_rollout(self, model, slot)  # type: ignore[arg-type]
+        and write the rollout into it in place: the fields of :func:`rollout_spec`.
+
+        With a recurrent model (:class:`mprl.lib.recurrent.RecurrentActorCritic`; ``slot`` has
+        a ``state`` then) the state each env's step leaves is carried to its next step, zeroed
+        where its episode ended, and kept in ``self.state`` for the next rollout; the state at
+        the rollout's start goes to ``slot["state"]``. A fresh EnvBatch (a new or restarted
+        worker, a resumed run) starts from zero states."""
         steps = slot["action"].shape[0]
+        state = None
+        if "state" in slot:
+            state = self.state if self.state is not None else model.initial_state(self.n)
+            slot["state"].copy_(state)
         obs, actions, logps, rewards, dones = [], [], [], [], []
         for _ in range(steps):
             with torch.no_grad():
-                out = model.policy(self.obs)  # acting needs the policy head only
+                if state is None:
+                    out = model.policy(self.obs)  # acting needs the policy head only
+                else:
+                    out, _, state = model.step(self.obs, state)  # type: ignore[operator]
                 action = model.sample(out)
                 logp, _ = model.log_prob_entropy(out, action)
             obs.append(self.obs)
             actions.append(action)
             logps.append(logp)
-            reward, done = self._step(model, action)
+            reward, done, ended = self._step(model, action, state)
+            if state is not None and ended:  # a new episode starts from a zero state
+                live = torch.ones(self.n)
+                live[ended] = 0.0
+                state = state * live.unsqueeze(-1)
             self.beat()
             rewards.append(reward)
             dones.append(done)
         obs.append(self.obs)
+        self.state = state
         # one write per field and rollout, not one per step
         torch.stack(obs, out=slot["obs"])
         torch.stack(actions, out=slot["action"])

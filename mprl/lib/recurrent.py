@@ -10,8 +10,7 @@ state inside the sequence exactly as in the worker.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import attrs
 import gymnasium as gym
@@ -21,10 +20,10 @@ from attrs import validators as v
 from torch import nn
 
 from mprl.lib import nets
-from mprl.lib.nets import ACTIVATIONS, ActorCritic, ObsNorm, field_help
-
-if TYPE_CHECKING:
-    from mprl.lib.envbatch import EnvBatch
+from mprl.lib.configs import field_help
+from mprl.lib.nets import ActorCritic
+from mprl.lib.norms import ObsNorm
+from mprl.lib.torsos import encoder, is_image
 
 __all__ = [
     "CORES",
@@ -33,7 +32,6 @@ __all__ = [
     "core_size_field",
     "is_recurrent",
     "make_model",
-    "recurrent_rollout",
     "state_spec",
 ]
 
@@ -65,27 +63,10 @@ def is_recurrent(model: Any) -> bool:
     return isinstance(model, RecurrentActorCritic)
 
 
-def _encoder(
-    obs_space: gym.Space, hidden: tuple[int, ...], torso: str, activation: str
-) -> tuple[nn.Module, int]:
-    """The observation network before the core, and its output size: the torso for images,
-    else ``hidden``'s layers (each with ``activation``)."""
-    kind = nets.resolve_torso(obs_space, torso)
-    if kind != "mlp":
-        build = nets.nature_cnn if kind == "nature" else nets.impala_cnn
-        return build(tuple(obs_space.shape))
-    n_in = int(np.prod(obs_space.shape))
-    layers: list[nn.Module] = [nn.Flatten(-len(obs_space.shape))] if obs_space.shape else []
-    for h in hidden:
-        layers += [nets._init(nn.Linear(n_in, h)), ACTIVATIONS[activation]()]
-        n_in = h
-    return nn.Sequential(*layers), n_in
-
-
 def _rows(core: str, obs_space: gym.Space) -> int:
     """``k`` of the state ``[k, N, core_size]``: 2 (h, c) for an LSTM, 1 for a GRU, twice that
     over flat observations (the policy and the value have a core each)."""
-    return (2 if core == "lstm" else 1) * (1 if nets.is_image(obs_space) else 2)
+    return (2 if core == "lstm" else 1) * (1 if is_image(obs_space) else 2)
 
 
 class _Tower(nn.Module):
@@ -103,10 +84,13 @@ class _Tower(nn.Module):
 
 
 class RecurrentActorCritic(nn.Module):
-    """Observations -> encoder (an MLP of ``hidden``, or the image torso) -> an LSTM or GRU cell
-    of ``core_size`` -> a linear policy head and value head. Over flat observations the policy
-    and the value have an encoder and a core each (as :class:`ActorCritic` has an MLP each:
-    the value's loss does not pull the policy's memory); over images they share them.
+    """Observations -> encoder (:func:`mprl.lib.torsos.encoder`: an MLP of ``hidden``, or the
+    image torso) -> an LSTM or GRU cell of ``core_size`` -> the heads. Over flat observations
+    the policy and the value have an encoder and a core each (as :class:`ActorCritic` has an
+    MLP each: the value's loss does not pull the policy's memory); over images they share them.
+    The heads are an :class:`ActorCritic` of no hidden layer over the cores' outputs
+    (``self.heads``): its linear policy and value heads, its action distributions and gSDE;
+    :meth:`sample`, :meth:`log_prob_entropy` and :meth:`to_env` are its.
 
     The state is a tensor ``[k, N, core_size]`` (:attr:`state_rows`: each core's h and c for
     an LSTM, its h for a GRU). :meth:`step` acts one step, :meth:`unroll` replays sequences.
@@ -134,13 +118,13 @@ class RecurrentActorCritic(nn.Module):
         self.core_kind, self.core_size = core, core_size
         self.state_rows = _rows(core, obs_space)
         self.towers = nn.ModuleList(
-            _Tower(*_encoder(obs_space, hidden, torso, activation), core, core_size)
-            for _ in range(1 if nets.is_image(obs_space) else 2)
+            _Tower(*encoder(obs_space, hidden, torso, activation), core, core_size)
+            for _ in range(1 if is_image(obs_space) else 2)
         )
-        self.torso = self.towers[0].encoder if nets.is_image(obs_space) else None  # ppo's check
+        self.torso = self.towers[0].encoder if is_image(obs_space) else None  # ppo's check
         self.obs_norm = ObsNorm(tuple(obs_space.shape)) if normalize_obs else None
-        # the heads over the cores' outputs: an ActorCritic of no hidden layer (linear heads,
-        # its action distributions, gSDE)
+        # the heads after the cores: checkpoints hold the parameters by these names
+        # (heads.pi.0.weight, ...) and optimizer states by their order
         latent = gym.spaces.Box(-np.inf, np.inf, (core_size,), np.float32)
         self.heads = ActorCritic(
             latent, act_space, (), "mlp", False, sde_every, log_std_init=log_std_init
@@ -250,13 +234,9 @@ class RecurrentActorCritic(nn.Module):
         with torch.no_grad():
             state = torch.cat([self._acting[j] for j in envs], 1)
             out, _, state = self.step(obs, state)
-            if not deterministic:
-                actions = self.sample(out)
-            else:
-                actions = out.argmax(-1) if self.discrete else out[..., : self.n_act]
         for row, j in enumerate(envs):
             self._acting[j] = state[:, row : row + 1]
-        return self.to_env(actions)
+        return self.heads.env_actions(out, deterministic)
 
 
 def make_model(obs_space: gym.Space, act_space: gym.Space, config: Any) -> nn.Module:
@@ -289,52 +269,3 @@ def state_spec(
         return {}
     shape = (_rows(core, obs_space), envs, getattr(config, "core_size", 64))
     return {"state": (shape, torch.float32)}
-
-
-class _StateValues:
-    """What :meth:`EnvBatch._learned` asks for the truncation bootstrap: the values of the
-    last observations of the envs ``ids``, each with the state its step left."""
-
-    def __init__(self, model: RecurrentActorCritic, state: torch.Tensor, ids: Sequence[int]):
-        self.model, self.state, self.ids = model, state, list(ids)
-
-    def value(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.model.step(obs, self.state[:, self.ids])[1]
-
-
-def recurrent_rollout(envs: EnvBatch, model: RecurrentActorCritic, slot: dict) -> None:
-    """:meth:`EnvBatch.rollout` with a recurrent model: the state each env's step leaves is
-    carried to its next step, zeroed where the episode ended; the state at the rollout's
-    start goes to ``slot["state"]``. A fresh :class:`EnvBatch` (a new or restarted worker, a
-    resumed run) starts from zero states."""
-    steps = slot["action"].shape[0]
-    state = envs.state if envs.state is not None else model.initial_state(envs.n)
-    slot["state"].copy_(state)
-    obs, actions, logps, rewards, dones = [], [], [], [], []
-    for _ in range(steps):
-        with torch.no_grad():
-            out, _, state = model.step(envs.obs, state)
-            action = model.sample(out)
-            logp, _ = model.log_prob_entropy(out, action)
-        obs.append(envs.obs)
-        actions.append(action)
-        logps.append(logp)
-        reward, done, ends = envs.advance(model.to_env(action))
-        cut = [(i, o) for i, o, terminated in ends if not terminated]
-        bootstrap = _StateValues(model, state, [i for i, _ in cut])
-        reward, done = envs._learned(bootstrap, reward, done, cut)  # type: ignore[arg-type]
-        envs.beat()
-        if len(ends):  # a new episode starts from a zero state
-            live = torch.ones(envs.n)
-            live[[i for i, _, _ in ends]] = 0.0
-            state = state * live.unsqueeze(-1)
-        rewards.append(reward)
-        dones.append(done)
-    obs.append(envs.obs)
-    envs.state = state
-    torch.stack(obs, out=slot["obs"])
-    torch.stack(actions, out=slot["action"])
-    torch.stack(logps, out=slot["logp"])
-    slot["reward"].numpy()[:] = rewards
-    slot["done"].numpy()[:] = dones
-    envs.ctx.add_steps(steps * envs.n)

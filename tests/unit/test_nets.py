@@ -1,8 +1,10 @@
 """mprl.lib.nets: Adam (the same updates as torch.optim.Adam, without importing torch._dynamo),
 and mprl.lib.envbatch.EnvBatch (episodes, time-limit bootstrap and rollout slots, on real
-environments)."""
+environments, with a feed-forward and a recurrent model)."""
 
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import gymnasium as gym
 import numpy as np
@@ -11,6 +13,7 @@ import torch
 
 from mprl.lib.envbatch import EnvBatch, rollout_spec
 from mprl.lib.nets import ActorCritic, ActorCriticConfig, Adam, make_optimizer
+from mprl.lib.recurrent import RecurrentActorCritic
 
 
 def _model(seed: int = 0) -> torch.nn.Module:
@@ -119,6 +122,64 @@ def test_env_batch_rollout_records_episodes_and_bootstraps_time_limits(way):
     # every env that finished was reset within the step: the next observation starts anew
     starts = slot["obs"][1:][done]
     assert torch.all(starts.abs() <= 0.05)  # CartPole starts within 0.05 of upright and still
+    envs.close()
+
+
+class LastObservations(EpisodeLog):
+    """EpisodeLog's envs, each keeping the observations its episodes ended on, in order."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(limit)
+        self.envs: list[RecordEnds] = []
+
+    def make_env(self, index: int) -> gym.Env:
+        self.envs.append(RecordEnds(super().make_env(index)))
+        return self.envs[-1]
+
+
+class RecordEnds(gym.Wrapper):
+    def __init__(self, env: gym.Env) -> None:
+        super().__init__(env)
+        self.ends: list[np.ndarray] = []
+
+    def step(self, action):  # type: ignore[no-untyped-def]
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        if terminated or truncated:
+            self.ends.append(obs)
+        return obs, reward, terminated, truncated, info
+
+
+def test_a_recurrent_rollout_bootstraps_a_time_limit_with_the_state_its_env_left():
+    """Where a time limit cut an episode, the reward learned from is the env's plus gamma times
+    :meth:`EnvBatch.bootstrap`: the value of the episode's last observation with the state that
+    env's own step left, as replaying the rollout from its stored start state gives it."""
+    limit, n, steps, gamma = 4, 3, 9, 0.9  # CartPole falls later: every end is the time limit
+    ctx = LastObservations(limit)
+    envs = EnvBatch(ctx, n, gamma)
+    space = gym.make("CartPole-v1")
+    torch.manual_seed(0)
+    model = RecurrentActorCritic(space.observation_space, space.action_space, (8,), "gru", 4)
+    config = SimpleNamespace(core="gru", core_size=4)
+    spec = rollout_spec(space.observation_space, space.action_space, steps, n, config)
+    slot = {name: torch.zeros(shape, dtype=dtype) for name, (shape, dtype) in spec.items()}
+    envs.rollout(model, slot)
+    for env in ctx.envs:
+        env.ends = []
+    envs.rollout(model, slot)  # this one starts from the states the first left
+    assert slot["state"].abs().sum() > 0 and slot["done"].sum() >= n
+
+    state, checked = slot["state"], 0
+    with torch.no_grad():
+        for t in range(steps):
+            _, _, state = model.step(slot["obs"][t], state)  # the state after step t
+            for i in slot["done"][t].nonzero().flatten().tolist():
+                last = torch.as_tensor(ctx.envs[i].ends.pop(0))[None]
+                value = model.step(last, state[:, [i]])[1].item()
+                assert slot["reward"][t, i].item() == pytest.approx(1.0 + gamma * value, 1e-6)
+                assert value != pytest.approx(model.step(last, model.initial_state(1))[1].item())
+                checked += 1
+            state = state * (1.0 - slot["done"][t]).unsqueeze(-1)
+    assert checked == slot["done"].sum() and slot["reward"][slot["done"] == 0].eq(1.0).all()
     envs.close()
 
 

@@ -1,0 +1,45 @@
+"""Models as the code of commit c164ff9 saved them (before mprl.lib was split by concern and
+mappo's value normalisation became mprl.lib.norms.ValueNorm; tests/compat/write_models.py
+wrote them there) load into today's classes, strictly, and give the outputs they gave then: a
+checkpoint of an earlier run resumes and plays as it did, its optimizer state on the same
+parameters."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from mprl.lib.recurrent import RecurrentActorCritic
+from tests.conftest import REPO
+
+OLD = torch.load(REPO / "tests" / "compat" / "models-c164ff9.pt")
+FLAT = gym.spaces.Box(-1, 1, (4,))
+
+
+@pytest.mark.parametrize(
+    ("name", "act", "core", "sde", "norm"),
+    [
+        ("lstm", gym.spaces.Discrete(3), "lstm", 0, True),
+        ("gru_sde", gym.spaces.Box(-1, 1, (2,), np.float32), "gru", 3, False),
+    ],
+)
+def test_a_recurrent_actor_critic_of_then_loads_and_acts_as_it_did(name, act, core, sde, norm):
+    old = OLD[name]
+    model = RecurrentActorCritic(FLAT, act, (8,), core, 4, normalize_obs=norm, sde_every=sde)
+    model.load_state_dict(old["state_dict"])
+    # an optimizer's state is by the parameters' order
+    assert [n for n, _ in model.named_parameters()] == old["parameters"]
+    with torch.no_grad():
+        outputs = model.unroll(*old["inputs"])
+    for now, then in zip(outputs, old["outputs"], strict=True):
+        torch.testing.assert_close(now, then, rtol=0, atol=0)
+
+
+def test_a_recurrent_actor_critic_over_frames_has_the_names_and_shapes_it_had():
+    frames = gym.spaces.Box(0, 255, (36, 36, 3), np.uint8)
+    model = RecurrentActorCritic(frames, gym.spaces.Discrete(3), (8,), "lstm", 4)
+    old = OLD["lstm_frames"]
+    assert {k: tuple(v.shape) for k, v in model.state_dict().items()} == old["shapes"]
+    assert [n for n, _ in model.named_parameters()] == old["parameters"]
