@@ -152,6 +152,24 @@ def installed(plugin_site: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 @pytest.fixture
+def third_party_dqn(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A third-party distribution ``mprl-dqn`` installed beside mprl (in this process and the
+    children it starts): plugin ``dqn``, module ``mprl_dqn`` (tests/plugins/third_party_dqn.py),
+    the same plugin name as the built-in dqn's. ``mprl_dqn`` is forgotten after the test."""
+    site = tmp_path / "third-party-site"
+    site.mkdir()
+    source = (HERE / "plugins" / "third_party_dqn.py").read_text()
+    write_distribution(site, "mprl-dqn", {"dqn": "mprl_dqn"}, {"mprl_dqn": source})
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]))
+    saved = sys.modules.pop("mprl_dqn", None)  # the built-in's under its deprecated name
+    yield site
+    sys.modules.pop("mprl_dqn", None)
+    if saved is not None:
+        sys.modules["mprl_dqn"] = saved
+
+
+@pytest.fixture
 def pm() -> PluginManager:
     """A fresh plugin manager with built-ins only: register test plugins inline."""
     return get_plugin_manager(autoload=False)

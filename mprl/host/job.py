@@ -49,6 +49,8 @@ class Prepared:
     resume: Resume | None = None
     #: by shared-state field, what a resume did to fit its checkpointed data to this run
     state_notes: Mapping[str, str] = attrs.field(factory=dict)
+    #: the distribution whose entry point loaded the plugin (``None``: registered in code)
+    plugin_distribution: str | None = None
 
 
 def resolve(
@@ -82,9 +84,11 @@ def algorithm_of(pm: PluginManager, file: Path, data: Mapping[str, Any]) -> tupl
         dist = data.get("plugin_distribution")
         version = data.get("plugin_version") or ""
         where = f"distribution {dist!r} {version}".rstrip() if dist else f"version {version}"
+        claimed = data["plugin"] in pm.plugin_conflicts or data["algorithm"] in pm.conflicts
+        need = "" if claimed else ", which must be installed to load it"  # installed twice
         raise UsageError(
             f"checkpoint {str(file)!r} was written by algorithm {data['algorithm']!r} of plugin "
-            f"{data['plugin']!r} ({where}), which must be installed to load it: {exc}"
+            f"{data['plugin']!r} ({where}){need}: {exc}"
         ) from None
 
 
@@ -368,4 +372,5 @@ def prepare_job(
         session=0 if resumed is None else resumed.session,
     )
     _, plugin_version = pm.distribution_of(plugin_name)
-    return Prepared(job, plugin_name, plugin_version, threshold, resumed, notes)
+    dist = checkpoint.distribution(pm, plugin_name)
+    return Prepared(job, plugin_name, plugin_version, threshold, resumed, notes, dist)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import importlib.metadata as md
 import os
+import re
 import sys
 import warnings
 from collections.abc import Callable, Iterable
@@ -26,7 +27,8 @@ from mprl.hookspecs import NAME
 from mprl.host.options import RunOptions
 from mprl.version import __version__
 
-#: Comma-separated plugin names not to load (like ``-p no:NAME``).
+#: Comma-separated plugin names not to load (like ``-p no:NAME``); ``DIST:NAME`` names the plugin
+#: NAME of distribution DIST only (to choose between two plugins of one name).
 BLOCK_ENV = "MPRL_BLOCK_PLUGINS"
 #: Set to 1 to load no entry-point plugins at all.
 NO_AUTOLOAD_ENV = "MPRL_DISABLE_PLUGIN_AUTOLOAD"
@@ -69,6 +71,25 @@ class FailedPlugin:
 
 
 @attrs.frozen
+class PluginConflict:
+    """A plugin name that more than one installed distribution gives an entry point: none of
+    them is loaded until the user blocks all but one (``-p no:DIST:NAME``) or uninstalls them."""
+
+    name: str
+    #: ``(distribution, version, entry point value)`` of each
+    owners: tuple[tuple[str, str, str], ...]
+
+    def message(self) -> str:
+        owners = " and ".join(f"{dist} {version} ({value})" for dist, version, value in self.owners)
+        blocks = " or ".join(f"-p no:{dist}:{self.name}" for dist, _, _ in self.owners)
+        return (
+            f"plugin {self.name!r} is installed by more than one distribution: {owners}, so "
+            f"none of them is loaded; to choose one, block the other with {blocks} "
+            f"({BLOCK_ENV}=DIST:{self.name}), or uninstall it"
+        )
+
+
+@attrs.frozen
 class PluginInfo:
     """What ``python -m mprl plugins`` shows for one plugin."""
 
@@ -105,26 +126,36 @@ class PluginManager(pluggy.PluginManager):
         self._options: RunOptions | None = None
         #: algorithm names registered by more than one plugin: name -> the plugins
         self.conflicts: dict[str, list[str]] = {}
+        #: plugin names more than one distribution installs: none of them is loaded
+        self.plugin_conflicts: dict[str, PluginConflict] = {}
         self._blocked: list[str] = []
+        self._blocked_in: set[tuple[str, str]] = set()  # (distribution, plugin) of DIST:NAME
 
     # -- loading ---------------------------------------------------------------------------
 
     def load_entry_points(self) -> None:
-        """Register every ``mprl`` entry point; an import failure is recorded, not raised."""
+        """Register every ``mprl`` entry point; an import failure is recorded, not raised. A
+        plugin name that several distributions use is recorded in :attr:`plugin_conflicts`, and
+        none of them is imported: which one runs is the user's choice, never an accident of
+        the order the distributions are found in."""
+        found: dict[str, list[md.EntryPoint]] = {}
         for ep in md.entry_points(group=NAME):
-            if self.is_blocked(ep.name) or self.has_plugin(ep.name):
+            blocked_in = (_canonical(_owner(ep)[0]), ep.name) in self._blocked_in
+            if not (blocked_in or self.is_blocked(ep.name) or self.has_plugin(ep.name)):
+                found.setdefault(ep.name, []).append(ep)
+        for name, eps in found.items():
+            if len(eps) > 1:
+                self.plugin_conflicts[name] = PluginConflict(name, tuple(sorted(map(_owner, eps))))
                 continue
-            dist = ep.dist.name if ep.dist else "?"
-            version = ep.dist.version if ep.dist else "?"
-            self.entry_points[ep.name] = ep.value
-            self.distributions[ep.name] = (dist, version)
+            dist, version, self.entry_points[name] = _owner(eps[0])
+            self.distributions[name] = (dist, version)
             stage = "import"
             try:
-                plugin = ep.load()
+                plugin = eps[0].load()
                 stage = "register"
-                self.register(plugin, name=ep.name)
+                self.register(plugin, name=name)
             except Exception as exc:
-                self._fail(ep.name, stage, exc)
+                self._fail(name, stage, exc)
         self._algorithms = self._backends = None
 
     def _fail(self, name: str, stage: str, exc: BaseException) -> None:
@@ -139,13 +170,19 @@ class PluginManager(pluggy.PluginManager):
         self.failed.append(FailedPlugin(name, value, dist, version, error, stage))
 
     def set_blocked(self, name: str) -> None:
+        """Never load plugin ``name``; ``DIST:NAME`` blocks only the plugin ``NAME`` of
+        distribution ``DIST``, the way to choose between two plugins of one name."""
         if name in deprecated.RENAMED_PLUGINS:  # a 0.1.0 plugin name: block what it became
             message = deprecated.renamed_plugin_message(name)
             warnings.warn(message, deprecated.MprlDeprecationWarning, stacklevel=2)
             for renamed in deprecated.RENAMED_PLUGINS[name]:
                 self.set_blocked(renamed)
             return
-        super().set_blocked(name)
+        dist, colon, plugin = name.partition(":")
+        if colon:
+            self._blocked_in.add((_canonical(dist), plugin))
+        else:
+            super().set_blocked(name)
         self._blocked.append(name)
 
     def blocked_names(self) -> list[str]:
@@ -256,12 +293,10 @@ class PluginManager(pluggy.PluginManager):
                 f"plugin {name!r} registers several algorithms: {', '.join(of_plugin)}; "
                 "give one of them to --plugin"
             )
+        if name in self.plugin_conflicts:
+            raise PluginError(self.plugin_conflicts[name].message())
         if name in self.conflicts:
-            owners = " and ".join(repr(p) for p in self.conflicts[name])
-            raise PluginError(
-                f"algorithm {name!r} is registered by two plugins: {owners}; block one with "
-                f"-p no:NAME or {BLOCK_ENV}=NAME"
-            )
+            raise PluginError(self._algorithm_conflict(name))
         for failed in self.failed:
             if failed.name == name:
                 raise PluginError(failed.message())
@@ -269,8 +304,39 @@ class PluginManager(pluggy.PluginManager):
             raise PluginError(
                 f"plugin {name!r} is blocked (-p no:{name} or {BLOCK_ENV}); installed: {installed}"
             )
-        problems = "".join(f"; {f.message()}" for f in self.failed)
-        raise PluginError(f"unknown plugin/algorithm {name!r}; installed: {installed}{problems}")
+        problems = [f.message() for f in self.failed]
+        problems += [c.message() for c in self.plugin_conflicts.values()]
+        raise PluginError(
+            "; ".join([f"unknown plugin/algorithm {name!r}; installed: {installed}", *problems])
+        )
+
+    def _algorithm_conflict(self, name: str) -> str:
+        def owner(plugin: str) -> str:
+            dist, version = self.distribution_of(plugin)
+            return f"{plugin!r} ({'registered in code' if version == '-' else f'{dist} {version}'})"
+
+        plugins = sorted(set(self.conflicts[name]))
+        if len(plugins) == 1:  # a plugin that registers it twice
+            return (
+                f"plugin {owner(plugins[0])} registers algorithm {name!r} more than once, so it "
+                f"is not usable: fix the plugin, or block it with -p no:{plugins[0]}"
+            )
+        blocks = " or ".join(f"-p no:{plugin}" for plugin in plugins)
+        return (
+            f"algorithm {name!r} is registered by more than one plugin: "
+            f"{' and '.join(map(owner, plugins))}, so none of them is usable; to choose one, "
+            f"block the other with {blocks} ({BLOCK_ENV}=NAME), or uninstall it"
+        )
+
+    def conflict_messages(self) -> list[str]:
+        """One line for each name more than one installed thing claims (a plugin name several
+        distributions install, an algorithm name several plugins register), naming each owner
+        with its distribution and version and how to choose one. ``python -m mprl plugins``
+        shows them as ``CONFLICT`` lines."""
+        self.algorithms()
+        return [c.message() for _, c in sorted(self.plugin_conflicts.items())] + [
+            self._algorithm_conflict(name) for name in sorted(self.conflicts)
+        ]
 
     # -- backends --------------------------------------------------------------------------
 
@@ -356,6 +422,16 @@ class PluginManager(pluggy.PluginManager):
                 PluginInfo(name, dist, version, algos, hooks, tuple(backends.get(name, ())))
             )
         return rows
+
+
+def _owner(ep: md.EntryPoint) -> tuple[str, str, str]:
+    """The distribution, version and value of an entry point."""
+    return (ep.dist.name, ep.dist.version, ep.value) if ep.dist else ("?", "?", ep.value)
+
+
+def _canonical(distribution: str) -> str:
+    """A distribution name as pip compares them: ``MPRL_dqn`` is ``mprl-dqn``."""
+    return re.sub(r"[-_.]+", "-", distribution).lower()
 
 
 def blocked_from_env() -> tuple[str, ...]:

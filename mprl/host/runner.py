@@ -195,6 +195,7 @@ def _write_config(rundir: RunDir, plan: Prepared) -> None:
         {
             "plugin": plan.plugin,
             "plugin_version": plan.plugin_version,
+            "plugin_distribution": plan.plugin_distribution,
             "algorithm": job.algorithm.name,
             "mprl_version": __version__,
             "reward_threshold": plan.reward_threshold,

@@ -47,7 +47,8 @@ def _parser(pm: PluginManager | None = None) -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "-p", dest="plugin_options", action="append", default=[], metavar="no:NAME",
-        help="block plugin NAME (repeatable); MPRL_BLOCK_PLUGINS=a,b does the same",
+        help="block plugin NAME (repeatable), or with no:DIST:NAME only distribution DIST's "
+        "plugin NAME; MPRL_BLOCK_PLUGINS=a,b does the same",
     )  # fmt: skip
     parser = _Parser(prog="python -m mprl", description="Multi-process reinforcement learning.")
     parser.add_argument("--version", action="version", version=f"mprl {__version__}")
@@ -57,7 +58,7 @@ def _parser(pm: PluginManager | None = None) -> argparse.ArgumentParser:
     plugins = sub.add_parser("plugins", parents=[common], help="list installed plugins")
     plugins.add_argument("--json", action="store_true", help="machine-readable output")
     _add_plot(sub)
-    _add_eval(sub)
+    _add_eval(sub, common)
     runs = sub.add_parser("runs", help="list run directories and how they ended")
     runs.add_argument(
         "directory", nargs="?", default="runs", metavar="DIR",
@@ -234,9 +235,9 @@ def _add_plot(sub: Any) -> None:
     )  # fmt: skip
 
 
-def _add_eval(sub: Any) -> None:
+def _add_eval(sub: Any, common: argparse.ArgumentParser) -> None:
     ev = sub.add_parser(
-        "eval", help="play a trained policy and measure it",
+        "eval", parents=[common], help="play a trained policy and measure it",
         description="Play episodes with the policy of a run's last checkpoint (or of a checkpoint "
         "file); print mean ± std return and length and write them as JSON.",
     )  # fmt: skip
@@ -384,6 +385,7 @@ def _cmd_plugins(args: argparse.Namespace) -> int:
             "plugins": [attrs.asdict(i) for i in infos],
             "failed": [attrs.asdict(f) for f in pm.failed],
             "conflicts": pm.conflicts,
+            "plugin_conflicts": {n: c.owners for n, c in pm.plugin_conflicts.items()},
             "blocked": pm.blocked_names(),
             "backends": {
                 b.name: {"plugin": b.plugin, "description": b.description}
@@ -410,8 +412,8 @@ def _cmd_plugins(args: argparse.Namespace) -> int:
         print(f"    {backend.name:<10} {backend.description}  [{backend.plugin}]")
     for failed in pm.failed:
         print(f"FAILED {failed.message()}")
-    for name, owners in sorted(pm.conflicts.items()):
-        print(f"CONFLICT algorithm {name!r} is registered by {' and '.join(owners)}")
+    for message in pm.conflict_messages():
+        print(f"CONFLICT {message}")
     for name in pm.blocked_names():
         print(f"blocked: {name}")
     return 0
@@ -432,7 +434,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
     r = evaluate(
         args.source, episodes=args.episodes, deterministic=args.deterministic, seed=args.seed,
-        video_dir=args.video, out=args.out, plugins=get_plugin_manager(), env=args.env,
+        video_dir=args.video, out=args.out, env=args.env,
+        plugins=get_plugin_manager(blocked=_blocked(args.plugin_options)),
     )  # fmt: skip
     how = "deterministic" if r["deterministic"] else "sampled actions"
     print(

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import sys
+
 import attrs
 import gymnasium as gym
 import pytest
@@ -11,6 +14,7 @@ import mprl
 from mprl.errors import PluginError, UsageError
 from mprl.host.envs import make_env
 from mprl.host.plugins import get_plugin_manager
+from tests.conftest import HERE, cli_here, write_distribution
 from tests.plugins.mprl_testplugin import Corridor
 
 
@@ -62,11 +66,14 @@ def test_unknown_algorithm_lists_installed(pm):
 def test_two_plugins_with_the_same_algorithm_name_are_refused(pm):
     pm.register(Registers(algorithm("tiny")), name="first")
     pm.register(Registers(algorithm("tiny"), algorithm("other")), name="second")
-    with pytest.raises(
-        PluginError, match=r"'tiny' is registered by two plugins: '\w+' and '\w+'"
-    ) as e:
+    with pytest.raises(PluginError) as e:
         pm.algorithm("tiny")
-    assert "first" in str(e.value) and "second" in str(e.value)
+    assert str(e.value) == (
+        "algorithm 'tiny' is registered by more than one plugin: 'first' (registered in code) "
+        "and 'second' (registered in code), so none of them is usable; to choose one, block the "
+        "other with -p no:first or -p no:second (MPRL_BLOCK_PLUGINS=NAME), or uninstall it"
+    )
+    assert pm.conflict_messages() == [str(e.value)]
     assert pm.algorithm("other")[0] == "second"  # the rest is usable
 
 
@@ -254,3 +261,144 @@ def test_supports_checks_the_action_space():
     algo = algorithm()
     assert algo.supports(gym.spaces.Discrete(2))
     assert not algo.supports(gym.spaces.MultiBinary(2))
+
+
+# -- one name, two distributions: a third-party `dqn` beside the built-in one ------------------
+
+#: what choosing between the two says, wherever one of them is asked for
+DQN_CONFLICT = (
+    f"plugin 'dqn' is installed by more than one distribution: mprl {mprl.__version__} "
+    "(mprl_builtin.dqn) and mprl-dqn 0.1.0 (mprl_dqn), so none of them is loaded; to choose one, "
+    "block the other with -p no:mprl:dqn or -p no:mprl-dqn:dqn (MPRL_BLOCK_PLUGINS=DIST:dqn), "
+    "or uninstall it"
+)
+
+
+def test_a_plugin_name_two_distributions_install_loads_neither(third_party_dqn):
+    pm = get_plugin_manager()
+    assert not pm.has_plugin("dqn") and "mprl_dqn" not in sys.modules  # not even imported
+    assert pm.plugin_conflicts["dqn"].owners == (
+        ("mprl", mprl.__version__, "mprl_builtin.dqn"),
+        ("mprl-dqn", "0.1.0", "mprl_dqn"),
+    )
+    with pytest.raises(PluginError) as err:
+        pm.algorithm("dqn")
+    assert str(err.value) == DQN_CONFLICT
+    assert pm.conflict_messages() == [DQN_CONFLICT]
+    assert pm.algorithm("ppo")[0] == "ppo"  # the other plugins are usable
+    with pytest.raises(
+        PluginError, match=r"unknown plugin/algorithm 'dqn-plus'.*; plugin 'dqn' is"
+    ):
+        pm.algorithm("dqn-plus")  # what the hidden plugin might have registered
+
+
+def test_mprl_plugins_shows_the_conflict_and_run_refuses_it_starting_nothing(
+    third_party_dqn, tmp_path, capsys
+):
+    from mprl.tools.cli import main
+
+    assert main(["plugins"]) == 0
+    listing = capsys.readouterr().out.splitlines()
+    assert f"CONFLICT {DQN_CONFLICT}" in listing
+    assert not [line for line in listing if line.startswith("dqn ")]  # listed as neither
+    assert main(["plugins", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["plugin_conflicts"]["dqn"] == [
+        ["mprl", mprl.__version__, "mprl_builtin.dqn"],
+        ["mprl-dqn", "0.1.0", "mprl_dqn"],
+    ]
+    # a unit test starts no process: the refusal comes before anything would
+    code, err = cli_here(capsys, "run", "--plugin", "dqn", "--run-dir", str(tmp_path / "run"))
+    assert (code, err) == (2, f"mprl: error: {DQN_CONFLICT}\n")
+    assert not (tmp_path / "run").exists()
+    with pytest.raises(PluginError, match=r"^plugin 'dqn' is installed by more than one"):
+        mprl.run("dqn", run_dir=tmp_path / "run", progress="none")
+    assert not (tmp_path / "run").exists()
+
+
+THIRD_PARTY = ("mprl-dqn", "0.1.0", "mprl_dqn")
+BUILT_IN = ("mprl", mprl.__version__, "mprl_builtin.dqn")
+
+
+@pytest.mark.parametrize(
+    ("block", "chosen"),
+    [
+        ("-p no:mprl:dqn", THIRD_PARTY),
+        ("MPRL_BLOCK_PLUGINS=MPRL:dqn", THIRD_PARTY),  # names compare as pip compares them
+        ("-p no:mprl-dqn:dqn", BUILT_IN),
+        ("MPRL_BLOCK_PLUGINS=mprl_DQN:dqn", BUILT_IN),
+    ],
+)
+def test_blocking_one_distribution_s_plugin_loads_the_other(
+    third_party_dqn, monkeypatch, block, chosen
+):
+    if block.startswith("-p no:"):
+        pm = get_plugin_manager(blocked=[block.removeprefix("-p no:")])
+    else:
+        monkeypatch.setenv("MPRL_BLOCK_PLUGINS", block.partition("=")[2])
+        pm = get_plugin_manager()
+    dist, version, module = chosen
+    plugin, algo = pm.algorithm("dqn")
+    assert plugin == "dqn" and pm.plugin_conflicts == {} and pm.conflict_messages() == []
+    assert pm.distribution_of("dqn") == (dist, version) and pm.entry_points["dqn"] == module
+    assert algo.config_cls.__module__.startswith(module)  # the chosen one's code
+    assert ("mprl_dqn" in sys.modules) == (module == "mprl_dqn")  # the other: not imported
+
+
+def test_the_third_party_s_own_code_runs_and_its_run_records_its_distribution(
+    third_party_dqn, tmp_path, capsys
+):
+    """The bug of issue 40: the built-in's code ran under the third party's name and version,
+    and the third party's own run could not be loaded (``unknown field 'anneal_steps'``)."""
+    chosen = get_plugin_manager(blocked=["mprl:dqn"])
+    run_dir = tmp_path / "run"
+    summary = mprl.run(
+        "dqn", plugins=chosen, backend="serial", workers=1, total_steps=100, run_dir=run_dir,
+        env="CartPole-v1", progress="none",
+    )  # fmt: skip
+    assert summary.status == "finished" and summary.env_steps >= 100
+    config = json.loads((run_dir / "config.json").read_text())
+    assert (config["plugin"], config["plugin_distribution"], config["plugin_version"]) == (
+        "dqn",
+        "mprl-dqn",
+        "0.1.0",
+    )
+    assert config["config"] == {"anneal_steps": 100}  # the third party's config class
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert any("third_party_steps" in r for r in records)  # its worker ran
+    loaded = mprl.load(run_dir, plugins=chosen)
+    assert loaded.data["plugin_distribution"] == "mprl-dqn" and loaded.config.anneal_steps == 100
+    # with both installed and neither chosen, loading it says so, naming both
+    with pytest.raises(UsageError) as err:
+        mprl.load(run_dir)
+    assert str(err.value) == (
+        f"checkpoint {str(run_dir / 'checkpoints' / 'last.pt')!r} was written by algorithm 'dqn' "
+        f"of plugin 'dqn' (distribution 'mprl-dqn' 0.1.0): {DQN_CONFLICT}"
+    )
+    code, out = cli_here(capsys, "eval", str(run_dir), "--episodes", "1")
+    assert (code, out) == (2, f"mprl: error: {err.value}\n")
+    code, _ = cli_here(capsys, "eval", str(run_dir), "--episodes", "1", "-p", "no:mprl:dqn")
+    assert code == 0
+
+
+def test_one_algorithm_name_of_two_distributions_is_a_conflict_naming_both(tmp_path, monkeypatch):
+    source = (HERE / "plugins" / "third_party_dqn.py").read_text()
+    extra = {"mprl_dqn_extra": source}  # plugin dqn-extra, registering an algorithm named dqn
+    write_distribution(tmp_path, "mprl-dqn-extra", {"dqn-extra": "mprl_dqn_extra"}, extra)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    message = (
+        f"algorithm 'dqn' is registered by more than one plugin: 'dqn' (mprl {mprl.__version__}) "
+        "and 'dqn-extra' (mprl-dqn-extra 0.1.0), so none of them is usable; to choose one, block "
+        "the other with -p no:dqn or -p no:dqn-extra (MPRL_BLOCK_PLUGINS=NAME), or uninstall it"
+    )
+    try:
+        pm = get_plugin_manager()
+        assert pm.conflict_messages() == [message]
+        with pytest.raises(PluginError) as err:
+            pm.algorithm("dqn")
+        assert str(err.value) == message
+        chosen = get_plugin_manager(blocked=["dqn"])
+        assert chosen.algorithm("dqn")[0] == "dqn-extra"
+        assert chosen.distribution_of("dqn-extra") == ("mprl-dqn-extra", "0.1.0")
+    finally:
+        sys.modules.pop("mprl_dqn_extra", None)

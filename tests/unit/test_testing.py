@@ -45,7 +45,9 @@ def test_registered_checks_what_a_plugin_registers():
             register(algos["probe"])
             register(algos["probe"])
 
-    with pytest.raises(PluginError, match="'probe' is registered by two plugins"):
+    with pytest.raises(
+        PluginError, match=r"\(registered in code\) registers algorithm 'probe' more"
+    ):
         testing.registered(Twice())
 
 
