@@ -30,7 +30,8 @@ from torch.nn import functional as F
 import mprl
 from mprl import schema
 from mprl.errors import ConfigError
-from mprl.lib.nets import field_help, merge_moments, mlp
+from mprl.lib.nets import field_help, mlp
+from mprl.lib.norms import ValueNorm
 from mprl.spaces import AgentBox, agents_of
 
 __version__ = "0.1.0"
@@ -183,8 +184,8 @@ class ToM2CModel(nn.Module):
         state = obs_space.state.shape[0]
         self.critic = mlp(state + self.n_agents, (cfg.hidden, cfg.hidden), 1, 1.0)
         self.register_buffer("eye", torch.eye(self.n_agents))
-        # running moments of the value targets: the critic learns them normalised
-        self.register_buffer("ret_moments", torch.tensor([0.0, 1.0, 1e-4]))
+        self.value_norm = ValueNorm()  # the critic learns the returns standardised
+        ValueNorm.load_old_moments(self, "ret_moments", "value_norm")  # checkpoints before it
 
     def policy_parameters(self) -> list[nn.Parameter]:
         """What optimizer ``Policy`` trains: everything but the ToM nets."""
@@ -224,19 +225,6 @@ class ToM2CModel(nn.Module):
         """Each agent's normalised value ``[..., A]`` of the global ``state [..., S]``."""
         x = state.unsqueeze(-2).expand(*state.shape[:-1], self.n_agents, state.shape[-1])
         return self.critic(torch.cat([x, self.eye.expand(*x.shape[:-1], -1)], -1)).squeeze(-1)
-
-    def denormalize(self, value: torch.Tensor) -> torch.Tensor:
-        mean, var, _ = self.ret_moments
-        return value * var.sqrt() + mean
-
-    def normalize(self, returns: torch.Tensor) -> torch.Tensor:
-        mean, var, _ = self.ret_moments
-        return (returns - mean) / var.sqrt()
-
-    def observe_returns(self, returns: torch.Tensor) -> None:
-        mean, var, count = self.ret_moments.tolist()
-        batch = (returns.mean().item(), returns.var(unbiased=False).item(), returns.numel())
-        self.ret_moments.copy_(torch.tensor(merge_moments(mean, var, count, *batch)))
 
 
 def make_model(obs_space: gym.Space, act_space: gym.Space, config: Config) -> nn.Module:
@@ -426,13 +414,13 @@ def prepare(cfg: Config, model: ToM2CModel, batch: dict[str, torch.Tensor]) -> d
     targets per agent, and the ToM targets ``[B, A, A - 1]``."""
     flat = {k: t.flatten(1, 2) for k, t in batch.items() if t.dim() >= 3}
     with torch.no_grad():
-        values = model.denormalize(model.value(flat["state"]))  # [T + 1, B, A]
+        values = model.value_norm.denormalize(model.value(flat["state"]))  # [T + 1, B, A]
     adv = advantages(
         flat["reward"], values, flat["mask"], flat["terminal"][0], cfg.gamma, cfg.gae_lambda
     )
     returns = adv + values[:-1]
     live = flat["mask"] > 0
-    model.observe_returns(returns[live])
+    model.value_norm.update(returns[live])
     adv_live = adv[live]
     adv = (adv - adv_live.mean()) / (adv_live.std() + 1e-8)
     return {
@@ -470,7 +458,7 @@ def update(
     stats: dict[str, float] = {}
     mask = data["mask"].unsqueeze(-1).expand_as(data["advantage"])
     denom = mask.sum().clamp(min=1.0)
-    targets = model.normalize(data["return"])
+    targets = model.value_norm(data["return"])
     for epoch in range(cfg.epochs):
         if should_stop():
             break

@@ -10,8 +10,11 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from mpe2 import simple_spread_v3
 
+from mprl.lib.marl import AgentEnv
 from mprl.lib.recurrent import RecurrentActorCritic
+from mprl_builtin.mappo.algorithm import AgentsModel, MAPPOConfig
 from tests.conftest import REPO
 
 OLD = torch.load(REPO / "tests" / "compat" / "models-c164ff9.pt")
@@ -43,3 +46,19 @@ def test_a_recurrent_actor_critic_over_frames_has_the_names_and_shapes_it_had():
     old = OLD["lstm_frames"]
     assert {k: tuple(v.shape) for k, v in model.state_dict().items()} == old["shapes"]
     assert [n for n, _ in model.named_parameters()] == old["parameters"]
+
+
+@pytest.mark.parametrize("name", ["mappo", "ippo"])
+def test_a_mappo_model_of_then_loads_its_return_moments_into_its_value_norm(name):
+    """mappo kept the returns' moments in a buffer ``ret_moments`` of its own; its critic's
+    values come back as the same returns, and returns are standardised as they were."""
+    old = OLD[name]
+    env = AgentEnv(simple_spread_v3.parallel_env())
+    model = AgentsModel(env.observation_space, env.action_space, MAPPOConfig(**old["config"]))
+    model.load_state_dict(old["state_dict"])
+    assert [n for n, _ in model.named_parameters()] == old["parameters"]
+    obs, state, returns = old["inputs"]
+    with torch.no_grad():
+        values = model.value_norm.denormalize(model.value(obs, state))
+    torch.testing.assert_close(values, old["outputs"][0])
+    torch.testing.assert_close(model.value_norm(returns), old["outputs"][1])

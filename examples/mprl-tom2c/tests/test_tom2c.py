@@ -111,6 +111,21 @@ def test_the_tom_loss_trains_only_the_tom_nets() -> None:
     assert all(x.grad is None for x in model.tom.parameters())
 
 
+def test_a_checkpoint_of_the_returns_moments_in_one_buffer_still_loads() -> None:
+    """Before mprl.lib.norms.ValueNorm the model kept them as ``ret_moments`` ``[mean, var,
+    count]``: such a state dict loads, and the critic's values come back as the same returns."""
+    env = make_env()
+    model = mprl_tom2c.make_model(env.observation_space, env.action_space, mprl_tom2c.Config())
+    old = {k: v for k, v in model.state_dict().items() if not k.startswith("value_norm.")}
+    old["ret_moments"] = torch.tensor([2.0, 9.0, 50.0])
+    loaded = mprl_tom2c.make_model(env.observation_space, env.action_space, mprl_tom2c.Config())
+    loaded.load_state_dict(old)  # strict
+    state = torch.randn(4, env.observation_space.state.shape[0])
+    with torch.no_grad():
+        values, returns = model.value(state), loaded.value_norm.denormalize(loaded.value(state))
+    torch.testing.assert_close(returns, values * 3.0 + 2.0)
+
+
 def test_advantages_bootstrap_a_cut_episode_and_stop_at_a_terminal_one() -> None:
     reward = torch.ones(3, 2, 1)
     value = torch.full((4, 2, 1), 10.0)

@@ -27,7 +27,8 @@ from torch.nn import functional as F
 import mprl
 from mprl import schema
 from mprl.lib.marl import AgentBatch, agent_rollout_spec
-from mprl.lib.nets import Adam, field_help, merge_moments, mlp
+from mprl.lib.nets import Adam, field_help, mlp
+from mprl.lib.norms import ValueNorm
 from mprl.spaces import AgentBox
 from mprl.transport import RolloutSlots, WeightBroadcast
 from mprl_builtin.ppo import gae
@@ -135,8 +136,8 @@ class AgentsModel(nn.Module):
             self.register_buffer("low", torch.as_tensor(act_space.low, dtype=torch.float32))
             self.register_buffer("high", torch.as_tensor(act_space.high, dtype=torch.float32))
         self.register_buffer("eye", torch.eye(self.n_agents))
-        # running moments of the value targets (MAPPO's value normalisation)
-        self.register_buffer("ret_moments", torch.tensor([0.0, 1.0, 1e-4]))
+        self.value_norm = ValueNorm()  # MAPPO's value normalisation (config field value_norm)
+        ValueNorm.load_old_moments(self, "ret_moments", "value_norm")  # checkpoints before it
 
     def _per_agent(self, nets: nn.ModuleList, x: torch.Tensor) -> torch.Tensor:
         """``x [..., A, in]`` through each agent's net (or the shared one), ``[..., A, out]``."""
@@ -157,22 +158,6 @@ class AgentsModel(nn.Module):
         else:
             x = obs
         return self._per_agent(self.critics, x).squeeze(-1)
-
-    def denormalize(self, value: torch.Tensor) -> torch.Tensor:
-        mean, var, _ = self.ret_moments
-        return value * var.sqrt() + mean
-
-    def normalize(self, returns: torch.Tensor) -> torch.Tensor:
-        mean, var, _ = self.ret_moments
-        return (returns - mean) / var.sqrt()
-
-    def observe_returns(self, returns: torch.Tensor) -> None:
-        mean, var, count = self.ret_moments.tolist()
-        moments = merge_moments(
-            mean, var, count, returns.mean().item(), returns.var(unbiased=False).item(),
-            returns.numel(),
-        )  # fmt: skip
-        self.ret_moments.copy_(torch.tensor(moments))
 
     def distribution(self, out: torch.Tensor) -> torch.distributions.Distribution:
         if self.discrete:
@@ -234,7 +219,7 @@ def worker(ctx: mprl.Context) -> None:
     def value(states: torch.Tensor) -> torch.Tensor:  # a cut episode's last states: [k, A]
         if not local.central:  # a local critic needs the observations: no bootstrap value
             return torch.zeros(states.shape[0], local.n_agents)
-        return local.denormalize(local.value(torch.empty(0), states))
+        return local.value_norm.denormalize(local.value(torch.empty(0), states))
 
     while (index := rollouts.acquire()) is not None:
         slot = rollouts.slot(index)
@@ -281,8 +266,8 @@ def _prepare(
     # [T, workers, envs, ...] -> [T, workers x envs, ...]; the slots' versions left out
     flat = {k: t.flatten(1, 2) for k, t in batch.items() if t.dim() >= 3}
     t_len, n, a = flat["reward"].shape
-    with torch.no_grad():
-        values = model.denormalize(model.value(flat["obs"], flat["state"]))  # [T + 1, N, A]
+    with torch.no_grad():  # [T + 1, N, A]
+        values = model.value_norm.denormalize(model.value(flat["obs"], flat["state"]))
     dones = flat["done"].unsqueeze(-1).expand(t_len, n, a)
     advantages = gae(
         flat["reward"].reshape(t_len, -1), dones.reshape(t_len, -1), values.reshape(t_len + 1, -1),
@@ -291,7 +276,7 @@ def _prepare(
     returns = advantages + values[:-1]
     alive = flat["alive"] > 0
     if cfg.value_norm and alive.any():
-        model.observe_returns(returns[alive])
+        model.value_norm.update(returns[alive])
     rows = {
         "obs": flat["obs"][:-1], "state": flat["state"][:-1], "action": flat["action"],
         "logp": flat["logp"], "advantage": advantages, "return": returns,
@@ -316,7 +301,7 @@ def _update(
     live = mask > 0
     if live.sum() > 1:  # normalised over the agents that acted
         adv = (adv - adv[live].mean()) / (adv[live].std() + 1e-8)
-    targets = model.normalize(data["return"]) if cfg.value_norm else data["return"]
+    targets = model.value_norm(data["return"]) if cfg.value_norm else data["return"]
     stats: dict[str, float] = {}
     batch = math.ceil(size / cfg.minibatches)
     for _ in range(cfg.epochs):
