@@ -16,10 +16,12 @@ moved or went away since mprl 0.1.0, what replaces it, and the release that drop
 - The built-in plugins' top-level modules (``mprl_dqn`` ...) moved under ``mprl_builtin``
   (:data:`MOVED_PLUGIN_MODULES`): the same finder makes the old name the new module, but only
   where no installed module has that name, so a third party's ``mprl_dqn`` always wins.
+- A config field in :data:`RENAMED_FIELDS` is still accepted under its old name (``--set``, a
+  TOML file, the config of a run made before), with a warning: :func:`renamed_field`.
 
 Removing all of it in 0.3.0: delete this module, the ``install()`` call and ``OLD_MODULES`` look-up
 in ``mprl/__init__.py``, the ``forward`` lines, and the ``deprecated`` uses in
-``mprl/host/plugins.py``.
+``mprl/host/plugins.py`` and ``mprl/host/config.py``.
 """
 
 from __future__ import annotations
@@ -189,6 +191,13 @@ MOVED_PLUGIN_MODULES: dict[str, str] = {
 }
 
 
+#: ``{"module:ConfigClass": {old field name: new name}}``: config fields renamed, one name for
+#: one meaning across the built-ins (dqn's train_freq is what sac calls steps_per_update)
+RENAMED_FIELDS: dict[str, dict[str, str]] = {
+    "mprl_builtin.dqn.algorithm:DQNConfig": {"train_freq": "steps_per_update"},
+}
+
+
 def display(place: str) -> str:
     """A place as a user writes it: ``mprl.host.plugins.PluginManager``."""
     return place.replace(":", ".")
@@ -229,6 +238,20 @@ def moved_plugin_module_message(old: str) -> str:
         f"module {old} is deprecated: use {new} instead (the built-in plugins moved under "
         f"mprl_builtin); {old} goes away in mprl {REMOVED_IN}"
     )
+
+
+def renamed_field(config_cls: type, name: str, source: str) -> str:
+    """``name``, a field of ``config_cls`` as given (``source``: where, for the warning), as the
+    class calls it now: an old name of :data:`RENAMED_FIELDS` warns and gives the new one."""
+    new = RENAMED_FIELDS.get(f"{config_cls.__module__}:{config_cls.__qualname__}", {}).get(name)
+    if new is None:
+        return name
+    message = (
+        f"{source}: field {name!r} is deprecated: use {new!r} instead (the same setting); "
+        f"{name!r} goes away in mprl {REMOVED_IN}"
+    )
+    warnings.warn(message, MprlDeprecationWarning, stacklevel=3)
+    return new
 
 
 def forward(module: str, stacklevel: int = 2) -> Callable[[str], Any]:

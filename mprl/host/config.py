@@ -16,6 +16,7 @@ from typing import Any
 
 import attrs
 
+from mprl import deprecated
 from mprl.errors import ConfigError
 
 if sys.version_info >= (3, 11):
@@ -153,7 +154,8 @@ def build(cls: type, values: Mapping[str, Any], source: str = "config") -> Any:
     fields = fields_of(cls)
     clean: dict[str, Any] = {}
     for key, value in values.items():
-        key = key.replace("-", "_")
+        # an old name becomes the new one; given both, the later wins, as for any repeated key
+        key = deprecated.renamed_field(cls, key.replace("-", "_"), source)
         if key not in fields:
             # a recurrent core is the built-in ppo's and impala's only: say where it is
             recurrent = key in ("core", "core_size")

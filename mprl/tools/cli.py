@@ -10,11 +10,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
 import attrs
 
+from mprl.deprecated import MprlDeprecationWarning
 from mprl.errors import RunFailed, UsageError
 from mprl.host.config import describe_fields, load_toml, parse_assignments, parse_value
 from mprl.host.options import RunOptions
@@ -469,9 +471,30 @@ def _plugins_for(argv: Sequence[str]) -> PluginManager | None:
     return get_plugin_manager(blocked=_blocked(known.plugin_options))
 
 
+def _show_deprecations() -> None:
+    """Python shows no DeprecationWarning raised outside ``__main__``: a user of the command line
+    sees mprl's, one line each (an old config field name in ``--set``, a TOML file, the config
+    of a resumed run)."""
+    show = warnings.showwarning
+    if getattr(show, "mprl_one_line", False):  # main() called again in this process
+        return
+
+    def one_line(message: Warning | str, category: type[Warning], *args: Any, **kw: Any) -> None:
+        if issubclass(category, MprlDeprecationWarning):
+            print(f"mprl: warning: {message}", file=sys.stderr)
+        else:
+            show(message, category, *args, **kw)
+
+    one_line.mprl_one_line = True  # type: ignore[attr-defined]
+    warnings.showwarning = one_line
+    if not sys.warnoptions:  # python -W ... decides for itself
+        warnings.filterwarnings("default", category=MprlDeprecationWarning)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     mark("main")
+    _show_deprecations()
     try:
         pm = _plugins_for(argv)
         mark("plugins")

@@ -13,7 +13,7 @@ from tests.conftest import cli, read_metrics
 #: an update every 4 env steps after 300 (ratio 8 rows sampled per row), workers 8 steps ahead
 SMALL = {
     "hidden": [32, 32], "batch_size": 32, "learning_starts": 300, "buffer_size": 6000,
-    "train_freq": 4, "gradient_steps": 1, "target_update": 50, "exploration_steps": 1000,
+    "steps_per_update": 4, "gradient_steps": 1, "target_update": 50, "exploration_steps": 1000,
 }  # fmt: skip
 SETS = [f"--set={k}={v}" for k, v in SMALL.items()]
 

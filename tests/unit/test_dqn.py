@@ -5,14 +5,18 @@ target and the spaces it refuses."""
 from __future__ import annotations
 
 import contextlib
+import json
 import statistics
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
 import pytest
 import torch
 
-from mprl.testing import SerialResult, run_serial
+import mprl
+from mprl.deprecated import MprlDeprecationWarning
+from mprl.testing import SerialResult, plugin_manager, run_serial
 from mprl_builtin import dqn
 from mprl_builtin.dqn import DQNConfig
 from mprl_builtin.dqn.algorithm import _update, epsilon, make_model, replay_ratio
@@ -20,7 +24,7 @@ from tests.conftest import cli_here
 
 #: a small network and SB3's default rhythm (an update every 4 env steps)
 SMALL = {
-    "hidden": [64, 64], "learning_starts": 500, "exploration_steps": 2000, "train_freq": 4,
+    "hidden": [64, 64], "learning_starts": 500, "exploration_steps": 2000, "steps_per_update": 4,
     "gradient_steps": 1, "target_update": 100, "buffer_size": 10_000, "batch_size": 32,
     "lr": 1e-3,
 }  # fmt: skip
@@ -48,7 +52,7 @@ def test_dqn_learns_cartpole_a_little_at_its_declared_replay_ratio():
     state = result.state
     added, updates = state.replay.added(), state.updates.value
     assert added == result.summary.env_steps  # a row per env step
-    # 1 update per train_freq (4) env steps after learning_starts: within one update's rows
+    # 1 update per steps_per_update (4) env steps after learning_starts: within one update's rows
     assert abs(updates - (added - 500) / 4) <= 1
     assert state.replay.sampled() == 32 * updates == state.weights.version * 32
     logged = [r for r in result.records if "loss" in r]
@@ -121,3 +125,69 @@ def test_continuous_actions_and_images_are_refused(capsys):
     assert "'dqn' does not support the action space of 'Pendulum-v1' (Box)" in err
     code, err = cli_here(capsys, "run", "--plugin", "dqn", "--set", "n_step=0")
     assert code == 2 and "field 'n_step'" in err
+
+
+# -- train_freq, the old name of steps_per_update (sac's name for the same setting) ------------
+
+RENAMED = (
+    "dqn config: field 'train_freq' is deprecated: use 'steps_per_update' instead (the same "
+    "setting); 'train_freq' goes away in mprl 0.3.0"
+)
+
+
+@pytest.mark.parametrize("where", ["--set", "toml"])
+def test_the_old_name_train_freq_still_sets_steps_per_update_with_a_warning(
+    where, tmp_path, capsys
+):
+    given = ["--set", "train_freq=8"]
+    if where == "toml":
+        (tmp_path / "exp.toml").write_text("train_freq = 8\n")
+        given = ["--config", str(tmp_path / "exp.toml")]
+    run_dir = tmp_path / "run"
+    with one_torch_thread():
+        code, err = cli_here(
+            capsys, "run", "--plugin", "dqn", *given, "--set", "buffer_size=1000", "--serial",
+            "--workers", "1", "--total-steps", "50", "--quiet", "--run-dir", str(run_dir),
+        )  # fmt: skip
+    assert (code, err) == (0, f"mprl: warning: {RENAMED}\n")  # one line, before it ran
+    config = json.loads((run_dir / "config.json").read_text())["config"]
+    assert config["steps_per_update"] == 8 and "train_freq" not in config
+
+
+def _as_before_the_rename(run_dir: Path) -> None:
+    """Make ``run_dir`` what a run made before the rename left: ``train_freq`` in its config."""
+    for path in run_dir.glob("checkpoints/*.pt"):
+        data = torch.load(path, weights_only=True)
+        data["config"]["train_freq"] = data["config"].pop("steps_per_update")
+        torch.save(data, path)
+    saved = json.loads((run_dir / "config.json").read_text())
+    saved["config"]["train_freq"] = saved["config"].pop("steps_per_update")
+    (run_dir / "config.json").write_text(json.dumps(saved))
+
+
+def test_a_run_made_before_the_rename_loads_and_resumes(tmp_path):
+    run_dir = tmp_path / "run"
+    config = {**SMALL, "steps_per_update": 8, "learning_starts": 100}
+    first = dqn_serial(total_steps=300, workers=1, run_dir=run_dir, config=config)
+    assert first.summary.status == "finished"
+    _as_before_the_rename(run_dir)
+    pm = plugin_manager(dqn)
+    with pytest.warns(MprlDeprecationWarning) as caught:
+        loaded = mprl.load(run_dir, plugins=pm)
+    assert [str(w.message) for w in caught] == [RENAMED]
+    assert loaded.config.steps_per_update == 8 and loaded.data["config"]["train_freq"] == 8
+    renamed = pytest.warns(MprlDeprecationWarning, match="field 'train_freq' is deprecated")
+    with renamed, one_torch_thread():
+        summary = mprl.run(
+            resume=run_dir, plugins=pm, backend="serial", total_steps=600, progress="none"
+        )
+    assert summary.status == "finished" and summary.session == 1 and summary.env_steps >= 600
+    resumed = json.loads((run_dir / "config.json").read_text())["config"]
+    assert resumed["steps_per_update"] == 8 and "train_freq" not in resumed  # written anew
+    with pytest.warns(MprlDeprecationWarning):  # given both, the later one counts
+        both = mprl.run(
+            resume=run_dir, plugins=pm, backend="serial", total_steps=700, progress="none",
+            config={"train_freq": 16},
+        )  # fmt: skip
+    assert json.loads((run_dir / "config.json").read_text())["config"]["steps_per_update"] == 16
+    assert both.status == "finished"

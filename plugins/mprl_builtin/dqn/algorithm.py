@@ -4,10 +4,10 @@ buffer; one train process samples it and runs double DQN (van Hasselt et al. 201
 network picks the next action, a target network values it) with optional n-step returns.
 
 The replay ratio is declared, not written: the buffer's ``replay_ratio`` is ``gradient_steps *
-batch_size / train_freq`` rows sampled per row collected (SB3's ``train_freq`` /
+batch_size / steps_per_update`` rows sampled per row collected (SB3's ``train_freq`` /
 ``gradient_steps``) from ``learning_starts`` rows on, so the learner's ``sample`` waits when it is
-level with the workers, and a worker's ``add`` waits when the workers are ``train_freq`` rows
-ahead of the learner. The backend keeps it, on every backend.
+level with the workers, and a worker's ``add`` waits when the workers are ``steps_per_update``
+rows ahead of the learner. The backend keeps it, on every backend.
 
 The defaults are rl-zoo's CartPole-v1 DQN (``hyperparams/dqn.yml``), with double DQN on (SB3's
 DQN has none). rl-zoo updates the target every 10 env steps, but its learner trains in bursts
@@ -59,20 +59,21 @@ class DQNConfig:
     gamma: float = attrs.field(
         default=0.99, validator=[v.ge(0.0), v.le(1.0)], metadata=field_help("discount factor")
     )
-    train_freq: int = attrs.field(
+    steps_per_update: int = attrs.field(  # was train_freq: mprl.deprecated.RENAMED_FIELDS
         default=256,
         validator=v.ge(1),
         metadata=field_help(
-            "env steps per gradient_steps updates (SB3's train_freq); the workers run at most "
-            "this many steps ahead of the learner"
+            "env steps per round of gradient_steps updates (SB3's train_freq); the workers run "
+            "at most this many steps ahead of the learner"
         ),
     )
     gradient_steps: int = attrs.field(
         default=128,
         validator=v.ge(1),
         metadata=field_help(
-            "updates per train_freq env steps: the replay ratio is gradient_steps * batch_size "
-            "/ train_freq transitions sampled per transition collected (32 by default)"
+            "updates per steps_per_update env steps: the replay ratio is gradient_steps * "
+            "batch_size / steps_per_update transitions sampled per transition collected (32 by "
+            "default)"
         ),
     )
     target_update: int = attrs.field(
@@ -124,10 +125,10 @@ class DQNConfig:
 
 
 def replay_ratio(dims: schema.Dims) -> float:
-    """Transitions sampled per transition collected: SB3's ``gradient_steps * batch_size /
-    train_freq``."""
+    """Transitions sampled per transition collected: ``gradient_steps * batch_size /
+    steps_per_update`` (SB3's ``train_freq``)."""
     c: DQNConfig = dims.config
-    return c.gradient_steps * c.batch_size / c.train_freq
+    return c.gradient_steps * c.batch_size / c.steps_per_update
 
 
 SCHEMA = schema.Schema(
@@ -136,7 +137,7 @@ SCHEMA = schema.Schema(
         row=nstep_row,  # the transition and its bootstrap discount (n-step returns)
         replay_ratio=replay_ratio,
         learning_starts="config.learning_starts",
-        max_lead="config.train_freq",
+        max_lead="config.steps_per_update",
     ),
     weights=schema.Weights(),  # the learner's Q network, published to the workers
     target=schema.Module(),  # a copy of the model: the target network, checkpointed
