@@ -49,7 +49,7 @@ from _stats import median_range
 
 def _skip(env: str) -> int:
     """Env frames per agent step: 4 on Atari (the preprocessing skips 3), else 1."""
-    from mprl.host.envs import is_atari
+    from mprl.environments.atari import is_atari
 
     return 4 if is_atari(env) else 1
 
@@ -61,7 +61,7 @@ from stable_baselines3 import PPO
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.vec_env import SubprocVecEnv
 import gymnasium as gym
-from mprl.host.envs import is_atari, make_atari
+from mprl.environments.atari import is_atari, make_atari
 
 env_id, seconds = sys.argv[1], float(sys.argv[2])
 atari = is_atari(env_id)

@@ -128,9 +128,9 @@ class Algorithm:
         agents, PettingZoo's parallel API: observations an :class:`mprl.spaces.AgentBox`) or
         ``"any"``.
     :param presets: config values by workload, ``{"atari": {...}, "mujoco": {...}}``, applied
-        under the user's own (a TOML file, ``--set``) when the env is one
-        (:func:`mprl.host.envs.workload`): the settings that work there, as rl-zoo and cleanrl
-        have them.
+        under the user's own (a TOML file, ``--set``) when the env is one (the
+        ``mprl_env_workload`` hook says which): the settings that work there, as rl-zoo and
+        cleanrl have them.
     """
 
     name: str = attrs.field(validator=_validate)

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     import gymnasium as gym
 
     from mprl.algorithm import Algorithm
-    from mprl.run_types import RunInfo
+    from mprl.run_types import RunConfig, RunInfo
 
 #: the plugin project name: entry-point group, hook prefix
 NAME = "mprl"
@@ -135,6 +135,116 @@ def mprl_make_env(
             if env_id != "CartPole-1000-v0":  # CartPole with 1000-step episodes
                 return None
             return gymnasium.make("CartPole-v1", max_episode_steps=1000, render_mode=render_mode)
+    """
+
+
+@hookspec(firstresult=True)
+def mprl_adapt_env(env: Any, env_id: str) -> gym.Env | None:
+    """Turn what a plugin's ``mprl_make_env`` returned that is not a ``gymnasium.Env`` into one.
+
+    Asked only for such a value, in whatever process made it. The built-in implementation, tried
+    last, adapts a PettingZoo parallel env (one gymnasium env with an agent dimension,
+    :class:`mprl.lib.marl.AgentEnv`) and refuses a PettingZoo AEC env, saying how to convert it.
+
+    :param env: what ``mprl_make_env`` returned.
+    :param env_id: the id it was made for.
+    :returns: a ``gymnasium.Env``, or ``None`` for values you do not know. firstresult: the first
+        non-``None`` value wins. Raise :class:`mprl.errors.UsageError` for a value you know but
+        cannot adapt: the error names the plugin that returned it.
+
+    Example::
+
+        import gymnasium
+
+        import mprl
+
+
+        class Coin:  # an env of another library: step() -> (obs, reward, done)
+            def reset(self):
+                return 0
+
+            def step(self, action):
+                return 0, float(action == 1), True
+
+
+        class CoinEnv(gymnasium.Env):
+            observation_space = gymnasium.spaces.Discrete(1)
+            action_space = gymnasium.spaces.Discrete(2)
+
+            def __init__(self, coin):
+                self.coin = coin
+
+            def reset(self, *, seed=None, options=None):
+                super().reset(seed=seed)
+                return self.coin.reset(), {}
+
+            def step(self, action):
+                obs, reward, done = self.coin.step(action)
+                return obs, reward, done, False, {}
+
+
+        @mprl.hookimpl
+        def mprl_make_env(env_id):
+            return Coin() if env_id == "Coin-v0" else None
+
+
+        @mprl.hookimpl
+        def mprl_adapt_env(env):
+            return CoinEnv(env) if isinstance(env, Coin) else None
+    """
+
+
+@hookspec
+def mprl_check_env(run: RunConfig) -> None:
+    """Refuse, before anything starts, a run whose env cannot be made as its options ask.
+
+    The options: ``--env``, ``--env-batch``, a plugin's own. Called in the main process when a
+    run, a resume or :func:`mprl.load` resolves its run options, before any env is made. The built-in implementation refuses
+    ``--env-batch envpool`` for an env EnvPool does not have, or without EnvPool installed.
+
+    :param run: the run's options, with ``run.env`` the env id the run will make.
+    :returns: nothing; raise :class:`mprl.errors.UsageError` with one line naming the option
+        and the fix to refuse the run (exit 2, nothing started). Not firstresult: every plugin
+        is called.
+
+    Example::
+
+        import mprl
+        from mprl.errors import UsageError
+
+
+        @mprl.hookimpl
+        def mprl_check_env(run):
+            if run.env == "Corridor-v0" and run.env_batch != "gym":
+                raise UsageError(
+                    f"--env-batch {run.env_batch}: Corridor-v0 has no batched version; "
+                    "use --env-batch gym"
+                )
+    """
+
+
+@hookspec(firstresult=True)
+def mprl_env_workload(env_id: str) -> str | None:
+    """Which workload ``env_id`` is: the key of an algorithm's ``presets`` that applies to it.
+
+    Called in the main process when a run's config is built. The built-in implementation, tried
+    last, says ``"atari"`` for ale-py's games and ``"mujoco"`` for gymnasium's MuJoCo envs.
+
+    :param env_id: the run's env id.
+    :returns: a workload name (``"atari"``, ``"mujoco"``, or one of your own that algorithms
+        can key presets by), or ``None`` when you do not know the id. firstresult: the first
+        non-``None`` value wins.
+
+    Example::
+
+        import mprl
+
+
+        @mprl.hookimpl
+        def mprl_env_workload(env_id):
+            if env_id.startswith("MyPong"):  # a plugin's own Atari-like envs: Atari's presets
+                return "atari"
+            return None
     """
 
 
@@ -290,4 +400,48 @@ def mprl_run_end(run: RunInfo, summary: Mapping[str, Any]) -> None:
             status, mean = summary["status"], summary["mean_return_100"]
             with open(run.run_dir / "result.txt", "w") as f:
                 print(f"{run.algorithm}: {status}, mean return {mean}", file=f)
+    """
+
+
+# --------------------------------------------------------------------------------------------
+# Commands
+# --------------------------------------------------------------------------------------------
+
+
+@hookspec
+def mprl_register_commands(register: Callable[..., None]) -> None:
+    """Register the commands this plugin adds to ``python -m mprl`` (``sweep`` is one).
+
+    Called once per plugin manager, in the main process, when the command line is read;
+    ``python -m mprl --help`` lists the commands and ``python -m mprl plugins`` who provides
+    them. Each command gets ``-p no:NAME`` like the core's.
+
+    :param register: call it as ``register(name, help, add_arguments, run)``: ``name`` the
+        command (``python -m mprl NAME``), ``help`` its line in ``--help``,
+        ``add_arguments(parser, plugins)`` adds its arguments to its ``argparse`` parser, and
+        ``run(args, plugins)`` runs it with the parsed ``argparse.Namespace`` and returns the
+        exit code (raise :class:`mprl.errors.UsageError` for bad input: one line, exit 2).
+        ``plugins`` is the :class:`mprl.host.plugins.PluginManager` the command line was read
+        with. A name that the core or another plugin already uses is an error naming both.
+    :returns: nothing. Not firstresult: every plugin is called.
+
+    Example::
+
+        import mprl
+
+
+        def add_arguments(parser, plugins):
+            parser.description = "Say hello to an installed algorithm."
+            parser.add_argument("algorithm", help="an algorithm's name")
+
+
+        def hello(args, plugins):
+            plugin, algorithm = plugins.algorithm(args.algorithm)
+            print(f"hello, {algorithm.name} of plugin {plugin}")
+            return 0
+
+
+        @mprl.hookimpl
+        def mprl_register_commands(register):
+            register("hello", "greet an algorithm", add_arguments, hello)
     """

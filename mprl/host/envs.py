@@ -1,16 +1,18 @@
-"""Environments through the ``mprl_make_env`` hook, with errors that name the culprit; and the
-built-in implementation of that hook (gymnasium's registry), a plugin registered by default."""
+"""Environments as the host gets them: through the env hooks (``mprl_make_env``,
+``mprl_adapt_env``, ``mprl_check_env``, ``mprl_env_workload``), with errors that name the
+culprit; the env factory a run's processes use; an env id from a checkpoint trusted or not; and
+episodes played with a policy. The environments themselves are the env room's
+(:mod:`mprl.environments`, a plugin registered by default) or a plugin's."""
 
 from __future__ import annotations
 
-import ast
 import importlib
 import importlib.util
 import inspect
 import sysconfig
-import warnings
 from collections.abc import Callable, Generator, Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
@@ -19,164 +21,15 @@ import torch
 
 from mprl.context import derive_seed
 from mprl.errors import PluginError, UsageError
-from mprl.hookspecs import hookimpl
+from mprl.run_types import RunConfig
 from mprl.schema import obs_dtype
 
 if TYPE_CHECKING:
     from mprl.host.plugins import PluginManager
 
-
-#: what installs the Atari games (ale-py ships the ROMs; the preprocessing resizes with OpenCV)
-ATARI_EXTRA = 'pip install "mprl[atari]"'
-#: what installs the MuJoCo physics of gymnasium's MuJoCo envs
-MUJOCO_EXTRA = 'pip install "mprl[mujoco]"'
-
-
-@hookimpl(trylast=True)
-def mprl_make_env(env_id: str, render_mode: str | None) -> gym.Env:
-    env_id, kwargs = split_env_id(env_id)
-    if render_mode is not None:  # old envs take none
-        kwargs["render_mode"] = render_mode
-    parallel = pettingzoo_module(env_id)
-    if parallel is not None:
-        return make_parallel(env_id, parallel, kwargs)
-    if is_atari(env_id):
-        return make_atari(env_id, **kwargs)
-    try:
-        if workload(env_id) == "mujoco":
-            _mujoco_warnings_to_python()
-        return gym.make(env_id, **kwargs)
-    except (gym.error.DependencyNotInstalled, ImportError) as exc:
-        # gymnasium says DependencyNotInstalled; a module of it imported earlier, an ImportError
-        if "mujoco" in str(exc).lower():
-            raise UsageError(f"environment {env_id!r} runs on MuJoCo: {MUJOCO_EXTRA}") from None
-        raise
-
-
-def split_env_id(env_id: str) -> tuple[str, dict[str, Any]]:
-    """``"mpe2:simple_spread_v3(N=5, max_cycles=50)"`` -> the id and the env's keyword
-    arguments (Python literals: numbers, strings, booleans, None, tuples); an id without
-    parentheses has none. A bad argument list is a :class:`UsageError` naming it."""
-    name, paren, rest = env_id.partition("(")
-    if not paren:
-        return env_id, {}
-    where = f"environment {env_id!r}"
-    if not rest.endswith(")"):
-        raise UsageError(f"{where}: keyword arguments go in parentheses at the end, e.g. "
-                         f"{name.strip()}(N=5, max_cycles=50)")  # fmt: skip
-    try:
-        call = ast.parse(f"f({rest}", mode="eval").body
-        assert isinstance(call, ast.Call)
-        if call.args:
-            raise UsageError(f"{where}: name each argument (key=value)")
-        return name.strip(), {k.arg: ast.literal_eval(k.value) for k in call.keywords if k.arg}
-    except (SyntaxError, ValueError) as exc:
-        raise UsageError(
-            f"{where}: its arguments must be key=value with Python literals (numbers, "
-            f"'strings', True/False, None): {exc}"
-        ) from None
-
-
-def pettingzoo_module(env_id: str) -> Any:
-    """The module of a PettingZoo env named ``package:env`` (``mpe2:simple_spread_v3``,
-    ``pettingzoo.sisl:multiwalker_v9``), or ``None`` when ``env_id`` names none (a gymnasium
-    ``module:Env-v0`` id is gymnasium's)."""
-    package, colon, name = env_id.partition(":")
-    if not colon or not name.isidentifier():
-        return None
-    try:
-        module = importlib.import_module(f"{package}.{name}")
-    except ImportError as exc:
-        if exc.name is None or f"{package}.{name}".startswith(exc.name):
-            return None  # no such module: gymnasium's id, or a typo gymnasium reports
-        raise UsageError(
-            f"environment {env_id!r} needs the package {exc.name!r}, which is not installed: "
-            f"pip install {exc.name.split('.')[0]} (or the env family's extra, e.g. "
-            f'pip install "pettingzoo[{package.split(".")[-1]}]")'
-        ) from None
-    return module if hasattr(module, "parallel_env") or hasattr(module, "env") else None
-
-
-def make_parallel(env_id: str, module: Any, kwargs: dict[str, Any]) -> gym.Env:
-    """The PettingZoo env ``module.parallel_env(**kwargs)`` as one gymnasium env
-    (:class:`mprl.lib.marl.AgentEnv`); an AEC-only module is refused, saying how to convert."""
-    from mprl.lib.marl import AEC_FIX, AgentEnv
-
-    if not hasattr(module, "parallel_env"):
-        raise UsageError(f"environment {env_id!r} has only PettingZoo's AEC API: {AEC_FIX}")
-    try:
-        env = module.parallel_env(**kwargs)
-    except TypeError as exc:
-        raise UsageError(f"environment {env_id!r}: {exc}") from None
-    return AgentEnv(env, env_id)
-
-
-def _mujoco_warnings_to_python() -> None:
-    """MuJoCo's warnings through Python's ``warnings`` (shown once), instead of MuJoCo's own
-    way: printed, and appended to ``MUJOCO_LOG.TXT`` in the working directory of the run."""
-    try:
-        import mujoco
-    except ImportError:
-        return  # gymnasium says what is missing
-    if mujoco.get_mju_user_warning() is None:
-        mujoco.set_mju_user_warning(_warn)
-
-
-def _warn(message: str) -> None:
-    if "deprecated" in message:
-        return  # in an env's model file (gymnasium's own have one): not the user's to act on
-    warnings.warn(f"MuJoCo: {message}", RuntimeWarning, stacklevel=2)
-
-
-def is_atari(env_id: str) -> bool:
-    """Whether ``env_id`` names an Atari game of ale-py (``ALE/Pong-v5``, ``PongNoFrameskip-v4``,
-    ``Pong-v4``), installed or not."""
-    if env_id.startswith("ALE/") or env_id.endswith(("NoFrameskip-v4", "NoFrameskip-v0")):
-        return True
-    spec = gym.registry.get(env_id)
-    return spec is not None and str(spec.entry_point).startswith("ale_py")
-
-
-def workload(env_id: str) -> str | None:
-    """``"atari"`` or ``"mujoco"`` when ``env_id`` is one of those (an :class:`Algorithm`'s
-    ``presets`` are keyed so), else ``None``."""
-    if is_atari(env_id):
-        return "atari"
-    spec = gym.registry.get(env_id)
-    if spec is not None and str(spec.entry_point).startswith("gymnasium.envs.mujoco"):
-        return "mujoco"
-    return None
-
-
-def _clip_reward(reward: Any) -> float:
-    return float(np.sign(reward))
-
-
-def make_atari(env_id: str, **kwargs: Any) -> gym.Env:
-    """An Atari game with the standard preprocessing of DQN and its successors (as rl-zoo and
-    cleanrl have it): up to 30 no-op starts, 4 frames skipped per step (rewards summed, the last
-    two frames max-pooled), grey 84x84 uint8 frames, 4 of them stacked (``(4, 84, 84)``), and
-    rewards clipped to their sign for learning. ``RecordEpisodeStatistics`` sits below the
-    clipping, so the episode returns mprl logs are the raw game score. ``ALE/*-v5`` games keep
-    their sticky actions (repeat probability 0.25), the ``NoFrameskip-v4`` ones have none."""
-    try:
-        import ale_py
-
-        gym.register_envs(ale_py)
-        env = gym.make(env_id, frameskip=1, **kwargs)  # the preprocessing skips frames itself
-        env = gym.wrappers.AtariPreprocessing(
-            env, noop_max=30, frame_skip=4, screen_size=84, terminal_on_life_loss=False,
-            grayscale_obs=True, scale_obs=False,
-        )  # fmt: skip
-    except (ImportError, gym.error.DependencyNotInstalled) as exc:
-        missing = exc.name if isinstance(exc, ImportError) else "opencv-python"
-        raise UsageError(
-            f"environment {env_id!r} is an Atari game, and {missing} is not installed: "
-            f"{ATARI_EXTRA}"
-        ) from None
-    env = gym.wrappers.RecordEpisodeStatistics(env)
-    env = gym.wrappers.TransformReward(env, _clip_reward)
-    return gym.wrappers.FrameStackObservation(env, 4)
+#: the core's env plugin (one of :data:`mprl.host.plugins.DEFAULT_PLUGINS`): gymnasium's
+#: registry, Atari, MuJoCo, PettingZoo, EnvPool
+ENV_PLUGIN = "mprl.environments"
 
 
 def imports_code(env_id: str) -> bool:
@@ -222,59 +75,126 @@ def make_env(
     render_mode: str | None = None,
 ) -> gym.Env:
     """Ask the plugins for ``env_id``; the first non-None answer wins (the built-in is last)."""
-    kwargs = {
-        "env_id": env_id, "seed": seed, "rank": rank, "index": index, "render_mode": render_mode,
-    }  # fmt: skip
+    return _make(pm, env_id, seed=seed, rank=rank, index=index, render_mode=render_mode)[0]
+
+
+def _make(
+    pm: PluginManager,
+    env_id: str,
+    *,
+    seed: int = 0,
+    rank: int = -1,
+    index: int = 0,
+    render_mode: str | None = None,
+) -> tuple[gym.Env, str]:
+    """:func:`make_env`'s env, and the name of the plugin that made it."""
+    kwargs = {"seed": seed, "rank": rank, "index": index, "render_mode": render_mode}
     for impl in reversed(pm.hook.mprl_make_env.get_hookimpls()):
         try:
-            env = pm.call_one("mprl_make_env", impl.plugin, **kwargs)
+            env = pm.call_one("mprl_make_env", impl.plugin, env_id=env_id, **kwargs)
         except (gym.error.Error, ImportError) as exc:
-            if impl.plugin_name == __name__:
+            if impl.plugin_name == ENV_PLUGIN:
                 raise UsageError(f"unknown gymnasium environment {env_id!r}: {exc}") from None
             raise PluginError(f"plugin {impl.plugin_name!r}: mprl_make_env failed: {exc}") from exc
         if env is None:
             continue
-        env = _as_gym(env, env_id, impl.plugin_name)
+        if not isinstance(env, gym.Env):
+            try:
+                env = pm.hook.mprl_adapt_env(env=env, env_id=env_id) or env
+            except UsageError as exc:
+                what = f"{type(env).__name__} for {env_id!r}"
+                raise PluginError(
+                    f"plugin {impl.plugin_name!r}: mprl_make_env returned {what}: {exc}"
+                ) from None
         if not isinstance(env, gym.Env):
             raise PluginError(
                 f"plugin {impl.plugin_name!r}: mprl_make_env returned {type(env).__name__}, "
                 "expected a gymnasium.Env or None"
             )
-        return env
+        return env, impl.plugin_name
     raise UsageError(f"no plugin could create environment {env_id!r}")
 
 
-def _as_gym(env: Any, env_id: str, plugin: str) -> Any:
-    """A PettingZoo env a plugin returned, as mprl takes it: a parallel one adapted, an AEC
-    one refused (saying how to convert it)."""
-    from mprl.lib import marl
+def check_env(pm: PluginManager, run: RunConfig) -> None:
+    """Every plugin's ``mprl_check_env`` of ``run``: a :class:`UsageError` refuses the run; any
+    other error names its plugin."""
+    for impl in reversed(pm.hook.mprl_check_env.get_hookimpls()):
+        try:
+            pm.call_one("mprl_check_env", impl.plugin, run=run)
+        except UsageError:
+            raise
+        except Exception as exc:
+            raise PluginError(
+                f"plugin {impl.plugin_name!r}: mprl_check_env failed: {type(exc).__name__}: {exc}"
+            ) from exc
 
-    if marl.is_aec(env):
-        raise PluginError(
-            f"plugin {plugin!r}: mprl_make_env returned the PettingZoo AEC env "
-            f"{type(env).__name__} for {env_id!r}: {marl.AEC_FIX}"
-        )
-    return marl.AgentEnv(env, env_id) if marl.is_parallel_env(env) else env
+
+def workload(pm: PluginManager, env_id: str) -> str | None:
+    """Which workload ``env_id`` is (``"atari"``, ``"mujoco"``, ...: the key of an algorithm's
+    ``presets``), as the plugins say; ``None`` when none knows."""
+    return pm.hook.mprl_env_workload(env_id=env_id)
 
 
 class EnvFactory:
     """``factory(env_id, seed=, rank=, index=)``: :func:`make_env` with the run's plugins, for
-    :class:`mprl.Context`. Pickled into a spawned process, it builds a plugin manager there on
-    first use (installed plugins, the run's blocked ones left out)."""
+    :class:`mprl.Context`. It remembers which plugin made each env id in this process; pickled
+    into a spawned process, it brings only that plugin there, imported by name, and the core's
+    env plugin: a child loads no other plugin, so a broken or slow one costs it nothing. An id
+    not made here, or a plugin that cannot be imported by name (an object registered in code),
+    gets every installed plugin there (the run's blocked ones left out)."""
 
     def __init__(self, pm: PluginManager) -> None:
         self._pm: PluginManager | None = pm
         self.blocked = tuple(pm.blocked_names())
+        #: env id -> (plugin name, what imports it: ``module`` or ``module:attribute``), or
+        #: None where the plugin cannot be imported by name
+        self.makers: dict[str, tuple[str, str] | None] = {}
+        self._children: dict[tuple[str, str] | None, PluginManager] = {}
 
     def __call__(self, env_id: str, **kwargs: Any) -> gym.Env:
-        if self._pm is None:
-            from mprl.host.plugins import get_plugin_manager
+        pm = self._pm if self._pm is not None else self._plugins_for(env_id)
+        env, plugin = _make(pm, env_id, **kwargs)
+        if self._pm is not None and env_id not in self.makers:
+            self.makers[env_id] = _importable(pm, plugin)
+        return env
 
-            self._pm = get_plugin_manager(blocked=self.blocked)
-        return make_env(self._pm, env_id, **kwargs)
+    def _plugins_for(self, env_id: str) -> PluginManager:
+        """In a spawned process: the plugins that made ``env_id`` in the main process."""
+        from mprl.host.plugins import get_plugin_manager
+
+        maker = self.makers.get(env_id)
+        if maker not in self._children:
+            if maker is None:
+                pm = get_plugin_manager(blocked=self.blocked)
+            else:
+                pm = get_plugin_manager(autoload=False, builtins=False, blocked=self.blocked)
+                for name, where in {ENV_PLUGIN: ENV_PLUGIN, maker[0]: maker[1]}.items():
+                    if not pm.is_blocked(name):
+                        pm.register(_load(where), name=name)
+            self._children[maker] = pm
+        return self._children[maker]
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"_pm": None, "blocked": self.blocked}
+        return {"_pm": None, "blocked": self.blocked, "makers": self.makers, "_children": {}}
+
+
+def _importable(pm: PluginManager, name: str) -> tuple[str, str] | None:
+    """``(name, what imports plugin name)``: its entry point's value, or its module's name."""
+    plugin = pm.get_plugin(name)
+    if name in pm.entry_points:
+        return name, pm.entry_points[name]
+    if isinstance(plugin, ModuleType) and plugin.__name__ != "__main__":
+        return name, plugin.__name__
+    return None
+
+
+def _load(where: str) -> Any:
+    """The object at ``module`` or ``module:attribute.path`` (an entry point's value)."""
+    module, _, path = where.partition(":")
+    obj: Any = importlib.import_module(module)
+    for part in filter(None, path.split(".")):
+        obj = getattr(obj, part)
+    return obj
 
 
 def play_episodes(

@@ -19,9 +19,8 @@ from mprl.device import check_device
 from mprl.errors import PluginError, UsageError
 from mprl.host import checkpoint
 from mprl.host.config import build
-from mprl.host.envs import EnvFactory, check_trusted, make_env, workload
+from mprl.host.envs import EnvFactory, check_env, check_trusted, workload
 from mprl.host.plugins import PluginManager
-from mprl.lib import envpool
 from mprl.run_types import RunConfig
 from mprl.schema import Dims
 
@@ -65,10 +64,9 @@ def resolve(
     if not run_cfg.env:
         run_cfg = attrs.evolve(run_cfg, env=algo.default_env)
     check_device(run_cfg.device, algo.name, trains_in_workers=algo.train is None)
-    if run_cfg.env_batch == "envpool":
-        envpool.check(run_cfg.env)
+    check_env(pm, run_cfg)
     if config is None or isinstance(config, Mapping):
-        preset = algo.presets.get(workload(run_cfg.env) or "", {})
+        preset = algo.presets.get(workload(pm, run_cfg.env) or "", {})
         config = build(algo.config_cls, {**preset, **(config or {})}, source=f"{algo.name} config")
     elif not isinstance(config, algo.config_cls):
         raise UsageError(f"config must be a {algo.config_cls.__qualname__} or a mapping")
@@ -174,8 +172,8 @@ def materialize_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
                 value.zero_()
 
 
-def _spaces(pm: PluginManager, env_id: str) -> tuple[gym.Space, gym.Space, float | None]:
-    probe = make_env(pm, env_id)
+def _spaces(make: EnvFactory, env_id: str) -> tuple[gym.Space, gym.Space, float | None]:
+    probe = make(env_id)
     try:
         threshold = probe.spec.reward_threshold if probe.spec is not None else None
         return probe.observation_space, probe.action_space, threshold
@@ -340,7 +338,8 @@ def prepare_job(
         installed = ", ".join(sorted(pm.algorithms())) or "none"
         raise UsageError(f"no plugin given; installed: {installed}")
     plugin_name, algo, cfg, run_cfg = resolve(plugin, pm, config, options)
-    obs_space, act_space, threshold = _spaces(pm, run_cfg.env)
+    make_env = EnvFactory(pm)  # made here first: it knows which plugin makes the env
+    obs_space, act_space, threshold = _spaces(make_env, run_cfg.env)
     if run_cfg.target_return is not None:
         threshold = run_cfg.target_return
     algo.check_spaces(run_cfg.env, obs_space, act_space)
@@ -366,7 +365,7 @@ def prepare_job(
         model=model,
         optimizer=optimizer,
         optimizers=optimizers,
-        make_env=EnvFactory(pm),
+        make_env=make_env,
         initial_steps=initial_steps,
         state_snapshot=state_snapshot,
         session=0 if resumed is None else resumed.session,

@@ -1,5 +1,5 @@
 """Finding plugins: the core's own (:data:`DEFAULT_PLUGINS`), entry points in the ``mprl``
-group, block list and tracing; and what they register (algorithms, backends).
+group, block list and tracing; and what they register (algorithms, backends, commands).
 
 :func:`get_plugin_manager` is a factory, not a global: each call gives a fresh manager, so tests
 build one with ``autoload=False`` and register plugin objects inline.
@@ -7,6 +7,7 @@ build one with ``autoload=False`` and register plugin objects inline.
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import importlib.metadata as md
 import os
@@ -35,10 +36,10 @@ NO_AUTOLOAD_ENV = "MPRL_DISABLE_PLUGIN_AUTOLOAD"
 #: Set to 1 to print every hook call and its result.
 TRACE_ENV = "MPRL_TRACE"
 
-#: the core's own plugins, registered by module name before the entry points: gymnasium's
-#: environments and the built-in backends
+#: the core's own plugins, registered by module name before the entry points: the env room
+#: (gymnasium's environments, Atari, MuJoCo, PettingZoo, EnvPool) and the built-in backends
 DEFAULT_PLUGINS = (
-    "mprl.host.envs",
+    "mprl.environments",
     "mprl.backends.local",
     "mprl.backends.serial",
     "mprl.backends.ray",
@@ -99,6 +100,7 @@ class PluginInfo:
     algorithms: tuple[str, ...]
     hooks: tuple[str, ...]
     backends: tuple[str, ...] = ()
+    commands: tuple[str, ...] = ()
 
 
 @attrs.frozen
@@ -109,6 +111,17 @@ class BackendInfo:
     plugin: str
     factory: Callable[[], Backend]
     description: str = ""
+
+
+@attrs.frozen
+class CommandInfo:
+    """A command some plugin registered: ``python -m mprl NAME``."""
+
+    name: str
+    plugin: str
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser, PluginManager], None]
+    run: Callable[[argparse.Namespace, PluginManager], int]
 
 
 class PluginManager(pluggy.PluginManager):
@@ -124,8 +137,11 @@ class PluginManager(pluggy.PluginManager):
         self._algorithms: dict[str, tuple[str, Algorithm]] | None = None
         self._backends: dict[str, BackendInfo] | None = None
         self._options: RunOptions | None = None
+        self._commands: list[CommandInfo] | None = None
         #: algorithm names registered by more than one plugin: name -> the plugins
         self.conflicts: dict[str, list[str]] = {}
+        #: command names registered twice (the core's own as plugin ``mprl``): name -> owners
+        self.command_conflicts: dict[str, list[str]] = {}
         #: plugin names more than one distribution installs: none of them is loaded
         self.plugin_conflicts: dict[str, PluginConflict] = {}
         self._blocked: list[str] = []
@@ -156,7 +172,7 @@ class PluginManager(pluggy.PluginManager):
                 self.register(plugin, name=name)
             except Exception as exc:
                 self._fail(name, stage, exc)
-        self._algorithms = self._backends = None
+        self._algorithms = self._backends = self._commands = None
 
     def _fail(self, name: str, stage: str, exc: BaseException) -> None:
         """Record that plugin ``name`` failed at ``stage``; it is left out from here on."""
@@ -190,14 +206,14 @@ class PluginManager(pluggy.PluginManager):
         return list(self._blocked)
 
     def register(self, plugin: object, name: str | None = None) -> str | None:
-        self._algorithms = self._backends = None
+        self._algorithms = self._backends = self._commands = None
         try:
             return super().register(plugin, name=name)
         except pluggy.PluginValidationError as exc:
             raise PluginError(f"plugin {name or plugin!r}: {exc}") from None
 
     def unregister(self, plugin: object | None = None, name: str | None = None) -> Any:
-        self._algorithms = self._backends = None
+        self._algorithms = self._backends = self._commands = None
         return super().unregister(plugin=plugin, name=name)
 
     def check(self) -> None:
@@ -399,6 +415,29 @@ class PluginManager(pluggy.PluginManager):
             )
         return backend
 
+    # -- commands --------------------------------------------------------------------------
+
+    def commands(self, reserved: Iterable[str] = ()) -> dict[str, CommandInfo]:
+        """Every command plugins registered, by name. A name two plugins register, or one of
+        ``reserved`` (the core's own commands, owned by ``mprl``), is left out and kept in
+        :attr:`command_conflicts`, naming both owners."""
+        by_name: dict[str, list[CommandInfo]] = {}
+        for info in self._registered_commands():
+            by_name.setdefault(info.name, []).append(info)
+        reserved = set(reserved)
+        self.command_conflicts = {
+            name: ["mprl"] * (name in reserved) + sorted(i.plugin for i in infos)
+            for name, infos in by_name.items()
+            if len(infos) > 1 or name in reserved
+        }
+        return {n: i[0] for n, i in by_name.items() if n not in self.command_conflicts}
+
+    def _registered_commands(self) -> list[CommandInfo]:
+        if self._commands is None:
+            found = self._registrations("mprl_register_commands", _command)
+            self._commands = [_command(plugin, *a, **kw) for plugin, (a, kw) in found]
+        return self._commands
+
     def distribution_of(self, plugin_name: str) -> tuple[str, str]:
         if plugin_name in self.distributions:
             return self.distributions[plugin_name]
@@ -413,14 +452,16 @@ class PluginManager(pluggy.PluginManager):
         backends: dict[str, list[str]] = {}
         for backend in self.backends().values():
             backends.setdefault(backend.plugin, []).append(backend.name)
+        commands: dict[str, list[str]] = {}
+        for command in self._registered_commands():
+            commands.setdefault(command.plugin, []).append(command.name)
         rows = []
         for name, plugin in sorted(self.list_name_plugin()):
             hooks = tuple(sorted(c.name for c in self.get_hookcallers(plugin) or ()))
             dist, version = self.distribution_of(name)
             algos = tuple(sorted(by_plugin.get(name, ())))
-            rows.append(
-                PluginInfo(name, dist, version, algos, hooks, tuple(backends.get(name, ())))
-            )
+            mine = tuple(backends.get(name, ())), tuple(sorted(commands.get(name, ())))
+            rows.append(PluginInfo(name, dist, version, algos, hooks, *mine))
         return rows
 
 
@@ -432,6 +473,27 @@ def _owner(ep: md.EntryPoint) -> tuple[str, str, str]:
 def _canonical(distribution: str) -> str:
     """A distribution name as pip compares them: ``MPRL_dqn`` is ``mprl-dqn``."""
     return re.sub(r"[-_.]+", "-", distribution).lower()
+
+
+def _command(
+    plugin: str,
+    name: Any = None,
+    help: Any = None,
+    add_arguments: Any = None,
+    run: Any = None,
+    *extra: Any,
+    **kwargs: Any,
+) -> CommandInfo:
+    """The command ``register(name, help, add_arguments, run)`` of ``plugin`` registered."""
+    named = isinstance(name, str) and re.fullmatch(r"[a-z][a-z0-9-]*", name) is not None
+    fits = named and isinstance(help, str) and callable(add_arguments) and callable(run)
+    if extra or kwargs or not fits:
+        raise PluginError(
+            f"plugin {plugin!r}: mprl_register_commands called register({name!r}, {help!r}, "
+            f"{add_arguments!r}, {run!r}); expected a command name (lower case), a help line, "
+            "add_arguments(parser, plugins) and run(args, plugins)"
+        )
+    return CommandInfo(name, plugin, help, add_arguments, run)
 
 
 def blocked_from_env() -> tuple[str, ...]:

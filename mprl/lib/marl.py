@@ -3,20 +3,10 @@ dimension (:class:`AgentEnv`), and a worker's multi-agent envs stepped together 
 ``[T, envs, agents, ...]`` (:class:`AgentBatch`), for the multi-agent plugins (mappo, ippo) and
 third-party ones to build on.
 
-The conventions (also in :mod:`mprl.spaces`):
-
-- observations: one row per agent (an :class:`mprl.spaces.AgentBox`; an agent's array
-  observation flattened), padded with zeros to the longest agent's; an agent that has finished
-  sees zeros;
-- actions: one per agent, in the rows' order; a finished agent's is ignored;
-- reward: the team's, the mean over the agents of their rewards (a finished agent's counts as
-  0), so the episode return mprl logs is the mean of the agents' returns; ``info["agent_rewards"]``
-  holds each agent's;
-- ``info["alive"]``: which agents are still playing after the step, ``info["state"]``: the global
-  state, the env's own ``state()`` where it has one (MPE's: every agent's observation
-  concatenated), else the agents' padded observations concatenated;
-- the episode ends (terminated) when every agent has terminated, or (truncated) when the last
-  agents left were truncated.
+The conventions are those of :class:`AgentEnv` (the env room's,
+:mod:`mprl.environments.agents`, which makes PettingZoo's envs; also in :mod:`mprl.spaces`): one
+observation row per agent, one action per agent, the team's reward the mean of the agents'
+(each agent's in ``info["agent_rewards"]``), ``info["alive"]`` and ``info["state"]``.
 """
 
 from __future__ import annotations
@@ -27,156 +17,20 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from mprl.environments.agents import AEC_FIX, AgentEnv, AgentReturns, is_aec, is_parallel_env
 from mprl.errors import UsageError
 from mprl.lib.envbatch import _Beat
-from mprl.spaces import AgentBox, agents_of
+from mprl.spaces import agents_of
 
-
-def is_parallel_env(env: Any) -> bool:
-    """Whether ``env`` speaks PettingZoo's parallel API (``possible_agents``, a ``step`` of
-    dicts), without importing PettingZoo."""
-    return hasattr(env, "possible_agents") and not isinstance(env, gym.Env) and not is_aec(env)
-
-
-def is_aec(env: Any) -> bool:
-    """Whether ``env`` is a PettingZoo AEC env (agents acting in turn: ``agent_iter``)."""
-    return hasattr(env, "agent_iter") and hasattr(env, "last")
-
-
-AEC_FIX = (
-    "mprl steps every agent at once (PettingZoo's parallel API): convert it with "
-    "pettingzoo.utils.conversions.aec_to_parallel(env) in an mprl_make_env plugin, or use the "
-    "module's parallel_env()"
-)
-
-
-def _action_space(name: str, spaces: dict[str, gym.Space]) -> gym.Space:
-    first = next(iter(spaces.values()))
-    if all(isinstance(s, gym.spaces.Discrete) for s in spaces.values()):
-        sizes = {a: int(s.n) for a, s in spaces.items()}
-        if len(set(sizes.values())) == 1:
-            return gym.spaces.MultiDiscrete([first.n] * len(spaces))
-        detail = ", ".join(f"{a}: {n}" for a, n in sizes.items())
-        raise UsageError(f"environment {name!r}: its agents have different action counts ({detail})"
-                         "; mprl needs one action space for all agents")  # fmt: skip
-    if all(isinstance(s, gym.spaces.Box) for s in spaces.values()):
-        shapes = {a: s.shape for a, s in spaces.items()}
-        if len(set(shapes.values())) == 1:
-            low = np.stack([s.low for s in spaces.values()])
-            high = np.stack([s.high for s in spaces.values()])
-            return gym.spaces.Box(low, high, dtype=np.float32)
-        detail = ", ".join(f"{a}: {s}" for a, s in shapes.items())
-        raise UsageError(f"environment {name!r}: its agents have different action shapes ({detail})"
-                         "; mprl needs one action space for all agents")  # fmt: skip
-    kinds = ", ".join(f"{a}: {type(s).__name__}" for a, s in spaces.items())
-    raise UsageError(
-        f"environment {name!r}: its agents' action spaces are not all Discrete or all Box ({kinds})"
-    )
-
-
-def _obs_sizes(name: str, spaces: dict[str, gym.Space]) -> list[int]:
-    bad = [a for a, s in spaces.items() if not isinstance(s, gym.spaces.Box)]
-    if bad:
-        shapes = ", ".join(f"{a}: {spaces[a]}" for a in bad)
-        raise UsageError(
-            f"environment {name!r}: agents {', '.join(bad)} do not observe arrays ({shapes}); "
-            "turn their observations into one Box (gymnasium.spaces.flatten_space, or "
-            "supersuit's flatten_v0) in an mprl_make_env plugin"
-        )
-    return [int(np.prod(s.shape)) for s in spaces.values()]  # a grid observation, flattened
-
-
-class AgentEnv(gym.Env):
-    """A PettingZoo parallel env as one gymnasium env with an agent dimension (the module's
-    conventions). ``render()`` is the env's own (``render_mode="rgb_array"``: frames).
-
-    :param env: the parallel env (``module.parallel_env(**kwargs)``).
-    :param name: what the user called it, for messages.
-    """
-
-    def __init__(self, env: Any, name: str = "") -> None:
-        _drop_checks(env)
-        self.env, self.name = env, name or type(env).__name__
-        self.agent_names = tuple(env.possible_agents)
-        if not self.agent_names:
-            raise UsageError(f"environment {self.name!r} has no agents")
-        obs_spaces = {a: env.observation_space(a) for a in self.agent_names}
-        sizes = _obs_sizes(self.name, obs_spaces)
-        self.width = max(sizes)
-        state_space = getattr(env, "state_space", None)
-        self.own_state = isinstance(state_space, gym.spaces.Box) and len(state_space.shape) == 1
-        if not self.own_state:
-            width = len(self.agent_names) * self.width
-            state_space = gym.spaces.Box(-np.inf, np.inf, (width,), np.float32)
-        self.observation_space = AgentBox(self.agent_names, sizes, state_space)
-        self.action_space = _action_space(
-            self.name, {a: env.action_space(a) for a in self.agent_names}
-        )
-        self.render_mode = getattr(env, "render_mode", None)
-        self.metadata = dict(getattr(env, "metadata", {}) or {})
-        self._rows = {a: i for i, a in enumerate(self.agent_names)}
-        self._obs = np.zeros(self.observation_space.shape, np.float32)
-
-    def _observe(self, observations: dict[str, Any]) -> tuple[np.ndarray, dict[str, Any]]:
-        obs = np.zeros(self.observation_space.shape, np.float32)
-        for agent, o in observations.items():
-            row = np.asarray(o, np.float32).ravel()
-            obs[self._rows[agent], : row.size] = row
-        alive = np.array([a in self.env.agents for a in self.agent_names])
-        state = np.asarray(self.env.state(), np.float32) if self.own_state else obs.ravel()
-        self._obs = obs
-        return obs, {"alive": alive, "state": state}
-
-    def reset(
-        self, *, seed: int | None = None, options: dict[str, Any] | None = None
-    ) -> tuple[np.ndarray, dict[str, Any]]:
-        observations, _ = self.env.reset(seed=seed, options=options)
-        return self._observe(observations)
-
-    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
-        acting = list(self.env.agents)
-        actions = {a: _one(action[self._rows[a]]) for a in acting}
-        observations, rewards, _, truncated, _ = self.env.step(actions)
-        obs, info = self._observe(observations)
-        agent_rewards = np.zeros(len(self.agent_names), np.float32)
-        for agent, r in rewards.items():
-            agent_rewards[self._rows[agent]] = r
-        info["agent_rewards"] = agent_rewards
-        over = not self.env.agents
-        cut = any(truncated.get(a, False) for a in acting)
-        return obs, float(agent_rewards.mean()), over and not cut, over and cut, info
-
-    def state(self) -> np.ndarray:
-        return np.asarray(self.env.state(), np.float32) if self.own_state else self._obs.ravel()
-
-    def render(self) -> Any:
-        return self.env.render()
-
-    def close(self) -> None:
-        self.env.close()
-
-
-#: PettingZoo's wrappers that only check their caller (reset before step, actions in the
-#: space): mprl calls in order, with actions of the space
-_CHECKS = ("OrderEnforcingWrapper", "AssertOutOfBoundsWrapper")
-
-
-def _drop_checks(env: Any) -> None:
-    """Take the checking wrappers (:data:`_CHECKS`) off the AEC env under a parallel env that
-    PettingZoo converted from one (MPE's ``parallel_env()``): their attribute lookups cost as
-    much as the physics (a simple_spread step: 0.55 -> 0.34 ms). Wrappers that change
-    something (clipping actions) stay."""
-    aec = getattr(env, "aec_env", None)
-    layer = aec
-    while type(layer).__name__ in _CHECKS and hasattr(layer, "env"):
-        layer = layer.env
-    if layer is not aec:
-        env.aec_env = layer
-
-
-def _one(action: Any) -> Any:
-    """An agent's action as PettingZoo envs take it: a Python int for a discrete one."""
-    return int(action) if np.ndim(action) == 0 else np.asarray(action, np.float32)
+__all__ = [
+    "AEC_FIX",
+    "AgentBatch",
+    "AgentEnv",
+    "AgentReturns",
+    "agent_rollout_spec",
+    "is_aec",
+    "is_parallel_env",
+]
 
 
 def agent_rollout_spec(
@@ -304,25 +158,3 @@ class AgentBatch:
     def close(self) -> None:
         for env in self.envs:
             env.close()
-
-
-class AgentReturns(gym.Wrapper):
-    """Each finished episode's per-agent returns (``info["agent_rewards"]`` summed), in
-    ``self.returns``: one row per episode, in the order they ended (``mprl eval``)."""
-
-    def __init__(self, env: gym.Env) -> None:
-        super().__init__(env)
-        self.returns: list[list[float]] = []
-        self._sums: np.ndarray | None = None
-
-    def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
-        self._sums = None
-        return self.env.reset(**kwargs)
-
-    def step(self, action: Any) -> tuple[Any, Any, bool, bool, dict[str, Any]]:
-        obs, reward, terminated, truncated, info = self.env.step(action)
-        rewards = np.asarray(info["agent_rewards"], np.float64)
-        self._sums = rewards if self._sums is None else self._sums + rewards
-        if terminated or truncated:
-            self.returns.append(self._sums.tolist())
-        return obs, reward, terminated, truncated, info

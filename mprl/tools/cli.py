@@ -1,4 +1,5 @@
-"""``python -m mprl``: run, sweep, plugins, plot, eval, runs.
+"""``python -m mprl``: run, plugins, plot, eval, runs, and the commands plugins register
+(``mprl_register_commands``: the built-in ``sweep`` is one).
 
 Exit codes: 0 finished, 1 the run failed (a process crashed, the disk filled up), 2 bad usage or
 config (nothing was started), 130 / 143 / 129 stopped by SIGINT / SIGTERM / SIGHUP after a clean
@@ -20,13 +21,15 @@ from mprl.deprecated import MprlDeprecationWarning
 from mprl.errors import RunFailed, UsageError
 from mprl.host.config import describe_fields, load_toml, parse_assignments, parse_value
 from mprl.host.options import RunOptions
-from mprl.host.plugins import PluginManager, get_plugin_manager
+from mprl.host.plugins import BLOCK_ENV, CommandInfo, PluginManager, get_plugin_manager
 from mprl.host.progress import say
 from mprl.run_types import Summary
 from mprl.timeline import mark
 from mprl.version import __version__
 
 EXIT_FAILED, EXIT_USAGE = 1, 2
+#: the core's own commands; a plugin's command of the same name is left out
+CORE_COMMANDS = ("run", "eval", "runs", "plot", "plugins")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -56,7 +59,6 @@ def _parser(pm: PluginManager | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"mprl {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _add_run(sub, common, pm.run_options() if pm is not None else RunOptions([]))
-    _add_sweep(sub, common, pm.run_options() if pm is not None else RunOptions([]))
     plugins = sub.add_parser("plugins", parents=[common], help="list installed plugins")
     plugins.add_argument("--json", action="store_true", help="machine-readable output")
     _add_plot(sub)
@@ -66,7 +68,39 @@ def _parser(pm: PluginManager | None = None) -> argparse.ArgumentParser:
         "directory", nargs="?", default="runs", metavar="DIR",
         help="where to look, up to 3 levels down [default runs]",
     )  # fmt: skip
+    if pm is not None:
+        for info in pm.commands(reserved=CORE_COMMANDS).values():
+            _add_command(sub, common, info, pm)
+        for name, owners in pm.command_conflicts.items():
+            if name not in CORE_COMMANDS:  # the core's own wins; `plugins` shows the conflict
+                both = " and ".join(repr(o) for o in owners)
+                fix = f"block one with -p no:NAME or {BLOCK_ENV}=NAME"
+                _stub(sub, name, f"command {name!r} is registered by two plugins: {both}; {fix}")
     return parser
+
+
+def _add_command(
+    sub: Any, common: argparse.ArgumentParser, info: CommandInfo, pm: PluginManager
+) -> None:
+    """A plugin's command: its parser, its arguments added by the plugin. One whose arguments
+    fail to be added is still listed, and says so when it is given."""
+    parser = sub.add_parser(info.name, parents=[common], help=f"{info.help} [{info.plugin}]")
+    parser.set_defaults(plugin_command=info)
+    try:
+        info.add_arguments(parser, pm)
+    except Exception as exc:
+        error = f"{type(exc).__name__}: {exc}; block it with -p no:{info.plugin}"
+        _stub(sub, info.name, f"plugin {info.plugin!r}: command {info.name!r} failed: {error}")
+
+
+def _stub(sub: Any, name: str, error: str) -> None:
+    """Command ``name`` as one that only says ``error`` (exit 2), whatever it is given."""
+    stub = _Parser(prog=f"python -m mprl {name}", add_help=False, prefix_chars="\0")
+    stub.add_argument("rest", nargs="*")  # no prefix: -x and --help are words to it
+    stub.set_defaults(command_error=error)
+    if name not in sub.choices:
+        sub.add_parser(name, help=f"(unusable: {error.split(';')[0]})")
+    sub.choices[name] = stub
 
 
 def _add_run(sub: Any, common: argparse.ArgumentParser, options: RunOptions) -> None:
@@ -106,75 +140,24 @@ def _add_run(sub: Any, common: argparse.ArgumentParser, options: RunOptions) -> 
     )  # fmt: skip
 
 
-def _add_sweep(sub: Any, common: argparse.ArgumentParser, options: RunOptions) -> None:
-    sweep = sub.add_parser(
-        "sweep", parents=[common], help="run several seeds, a grid or an Optuna search",
-        description="Run one config over several seeds, a grid (every combination x every "
-        "seed) or an Optuna search over config fields and run options; each run is a normal "
-        "`run` with its own run directory under SWEEP_DIR/trials/. Ctrl-C stops it cleanly; "
-        "--resume SWEEP_DIR (or the same command again) continues it. Needs Optuna "
-        '(pip install "mprl[sweep]"). Ends with a table (also SWEEP_DIR/results.csv, '
-        "results.json) and a plot (SWEEP_DIR/sweep.png).",
-    )  # fmt: skip
-    sweep.add_argument("--plugin", help="the algorithm to run (as for run)")
-    _add_sweep_axes(sweep)
-    sweep.add_argument(
-        "--parallel", type=int, default=None, metavar="K",
-        help="runs at a time [default: the cores (a Ray cluster's CPUs with --backend ray "
-        "--ray-address) over the processes of one run, at least 1]",
-    )  # fmt: skip
-    sweep.add_argument(
-        "--sweep-dir", metavar="DIR",
-        help="where the sweep writes (default: sweeps/PLUGIN-ENV-TIME); an existing one holding "
-        "the same sweep is continued",
-    )  # fmt: skip
-    sweep.add_argument(
-        "--resume", metavar="SWEEP_DIR", help="continue the sweep in SWEEP_DIR as it was given"
-    )
-    sweep.add_argument(
-        "--report", metavar="SWEEP_DIR",
-        help="print the results table of SWEEP_DIR (and write its results files and plot); runs "
-        "nothing",
-    )  # fmt: skip
-    _add_config(
-        sweep, options, "set an algorithm config field for every run (repeatable)",
-        "run options{of}, for every run",
-    )  # fmt: skip
-    sweep.set_defaults(serial=False)
+def add_run_arguments(
+    parser: argparse.ArgumentParser,
+    plugins: PluginManager,
+    set_help: str = "set an algorithm config field for every run (repeatable)",
+    title: str = "run options{of}, for every run",
+) -> None:
+    """``--config``, ``--set`` and every run option (``--env``, ``--workers`` ... and those
+    plugins register) as ``run`` takes them, for a plugin's command that starts runs (``sweep``);
+    read them back with :func:`run_inputs`."""
+    _add_config(parser, plugins.run_options(), set_help, title)
 
 
-def _add_sweep_axes(sweep: argparse.ArgumentParser) -> None:
-    """``sweep``'s seeds, grid, search and objective."""
-    sweep.add_argument(
-        "--seeds", default="1", metavar="SPEC",
-        help="the seeds of every config: a range 0-9 (both ends in), a list 0,3,7 or a count "
-        "5 (= 0-4) [default 1: seed 0]",
-    )  # fmt: skip
-    sweep.add_argument(
-        "--grid", action="append", default=[], metavar="NAME=V1,V2",
-        help="a grid axis over a config field or run option (repeatable: every combination), "
-        "e.g. --grid lr=1e-3,3e-4 --grid hidden=[64,64],[128,128]",
-    )  # fmt: skip
-    sweep.add_argument(
-        "--search", action="append", default=[], metavar="NAME=DIST",
-        help="an Optuna search axis (repeatable): log(LOW,HIGH), uniform(LOW,HIGH), "
-        'int(LOW,HIGH), intlog(LOW,HIGH) or choice(A,B,...), e.g. --search "lr=log(1e-4,1e-2)"',
-    )  # fmt: skip
-    sweep.add_argument(
-        "--trials", type=int, default=None, metavar="N",
-        help="with --search: how many configs to try [default 20]",
-    )  # fmt: skip
-    sweep.add_argument(
-        "--objective", default="return", choices=["return", "time", "steps"],
-        help="what the search optimises and the table sorts by: return (maximise the mean over "
-        "seeds of the final mean return(100)), time / steps (minimise the median over seeds of "
-        "the wall seconds / env steps to solve; unsolved counts as --max-time / --total-steps, "
-        "inf without) [default return]",
-    )  # fmt: skip
-    sweep.add_argument(
-        "--sampler", default="tpe", choices=["tpe", "random"],
-        help="Optuna's sampler for --search [default tpe]",
-    )  # fmt: skip
+def run_inputs(
+    args: argparse.Namespace, plugins: PluginManager
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The algorithm config and run options of the flags :func:`add_run_arguments` added, each
+    checked where it came from (an error names the file or the flag)."""
+    return _run_inputs(args, plugins.run_options())
 
 
 def _add_config(
@@ -333,7 +316,7 @@ def _run_inputs(
         text = getattr(args, f"run_{name}")
         if text is not None:
             flags[name] = text if known.field(name).type in (str, bool) else parse_value(text)
-    if args.serial:
+    if getattr(args, "serial", False):
         if flags.get("backend", "serial") != "serial":
             raise UsageError(f"--serial and --backend {flags['backend']} contradict each other")
         flags["backend"] = "serial"
@@ -357,30 +340,8 @@ def _final_line(s: Summary) -> str:
     )
 
 
-def _cmd_sweep(args: argparse.Namespace, pm: PluginManager) -> int:
-    from mprl.tools import sweep
-
-    if args.report:
-        print(sweep.write_results(args.report))
-        return 0
-    if args.resume:
-        return sweep.run_sweep(pm, None, args.resume, parallel=args.parallel, trials=args.trials)
-    if not args.plugin:
-        installed = ", ".join(sorted(pm.algorithms())) or "none"
-        raise UsageError(
-            f"sweep needs --plugin NAME (or --resume SWEEP_DIR); installed: {installed}"
-        )
-    config, options = _run_inputs(args, pm.run_options())
-    spec = sweep.make_spec(
-        pm, args.plugin, config=config, run=options, seeds=args.seeds, grid=args.grid,
-        search=args.search, trials=args.trials, objective=args.objective, sampler=args.sampler,
-        blocked=_blocked(args.plugin_options),
-    )  # fmt: skip
-    return sweep.run_sweep(pm, spec, args.sweep_dir, parallel=args.parallel)
-
-
-def _cmd_plugins(args: argparse.Namespace) -> int:
-    pm = get_plugin_manager(blocked=_blocked(args.plugin_options))
+def _cmd_plugins(args: argparse.Namespace, pm: PluginManager) -> int:
+    commands = pm.commands(reserved=CORE_COMMANDS)
     infos = pm.info()
     if args.json:
         data = {
@@ -393,6 +354,8 @@ def _cmd_plugins(args: argparse.Namespace) -> int:
                 b.name: {"plugin": b.plugin, "description": b.description}
                 for b in pm.backends().values()
             },
+            "commands": {c.name: {"plugin": c.plugin, "help": c.help} for c in commands.values()},
+            "command_conflicts": pm.command_conflicts,
         }
         print(json.dumps(data, indent=2))
         return 0
@@ -408,14 +371,22 @@ def _cmd_plugins(args: argparse.Namespace) -> int:
         print(f"    algorithms: {algos}")
         if info.backends:
             print(f"    backends:   {', '.join(info.backends)}")
+        if info.commands:
+            print(f"    commands:   {', '.join(info.commands)}")
         print(f"    hooks:      {', '.join(info.hooks)}")
     print("backends (--backend NAME):")
     for backend in sorted(pm.backends().values(), key=lambda b: b.name):
         print(f"    {backend.name:<10} {backend.description}  [{backend.plugin}]")
+    if commands:
+        print("commands (python -m mprl NAME):")
+    for command in sorted(commands.values(), key=lambda c: c.name):
+        print(f"    {command.name:<10} {command.help}  [{command.plugin}]")
     for failed in pm.failed:
         print(f"FAILED {failed.message()}")
     for message in pm.conflict_messages():
         print(f"CONFLICT {message}")
+    for name, owners in sorted(pm.command_conflicts.items()):
+        print(f"CONFLICT command {name!r} is registered by {' and '.join(owners)}")
     for name in pm.blocked_names():
         print(f"blocked: {name}")
     return 0
@@ -460,15 +431,31 @@ def _cmd_runs(args: argparse.Namespace) -> int:
 
 
 def _plugins_for(argv: Sequence[str]) -> PluginManager | None:
-    """The plugin manager ``run`` needs to know its options (``-p no:NAME`` applied), read
-    before the whole command line is; ``None`` for the other commands."""
+    """The plugin manager the command line is read with (``-p no:NAME`` applied): ``run``'s
+    options and the plugins' commands are its. ``None`` for the core commands that need
+    none of it (``plot``, ``runs``, ``eval``)."""
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("command", nargs="?")
     pre.add_argument("-p", dest="plugin_options", action="append", default=[])
     known, _ = pre.parse_known_args(argv)
-    if known.command not in ("run", "sweep"):
+    if known.command in ("plot", "runs", "eval"):
         return None
     return get_plugin_manager(blocked=_blocked(known.plugin_options))
+
+
+def _parse(
+    parser: argparse.ArgumentParser, argv: Sequence[str], pm: PluginManager | None
+) -> argparse.Namespace:
+    """``argv`` read; an unknown command names the plugins that failed to load (one may have
+    been meant to provide it), a plugin's command that cannot run says why."""
+    try:
+        args = parser.parse_args(argv)
+    except UsageError as exc:
+        failed = pm.failed if pm is not None and "invalid choice" in str(exc) else []
+        raise UsageError("; ".join([str(exc), *(f.message() for f in failed)])) from None
+    if getattr(args, "command_error", None):
+        raise UsageError(args.command_error)
+    return args
 
 
 def _show_deprecations() -> None:
@@ -499,20 +486,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         pm = _plugins_for(argv)
         mark("plugins")
         parser = _parser(pm)
-        args = parser.parse_args(argv)
-        if args.command == "run":
-            assert pm is not None
-            return _cmd_run(args, parser, pm)
-        if args.command == "sweep":
-            assert pm is not None
-            return _cmd_sweep(args, pm)
+        args = _parse(parser, argv, pm)
         if args.command == "plot":
             return _cmd_plot(args)
         if args.command == "eval":
             return _cmd_eval(args)
         if args.command == "runs":
             return _cmd_runs(args)
-        return _cmd_plugins(args)
+        assert pm is not None
+        if args.command == "run":
+            return _cmd_run(args, parser, pm)
+        if args.command == "plugins":
+            return _cmd_plugins(args, pm)
+        code = args.plugin_command.run(args, pm)
+        return 0 if code is None else int(code)
     except UsageError as exc:
         print(f"mprl: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -11,13 +11,13 @@ from typing import Any
 import gymnasium as gym
 import torch
 
+from mprl.environments.agents import AgentReturns
 from mprl.errors import UsageError
 from mprl.host import checkpoint
 from mprl.host.envs import make_env, play_episodes
 from mprl.host.loading import Checkpoint, checked_env, resolved, restored
 from mprl.host.plugins import PluginManager, get_plugin_manager
 from mprl.host.rundir import atomic_write
-from mprl.lib.marl import AgentReturns
 from mprl.spaces import agents_of
 
 

@@ -199,7 +199,7 @@ def rolling_mean(values: Sequence[float], window: int) -> list[float]:
     return out
 
 
-def _matplotlib() -> tuple[Any, Any]:
+def matplotlib_classes() -> tuple[Any, Any]:
     """matplotlib's ``Figure`` and the Agg canvas; a UsageError with the fix when missing."""
     try:
         import matplotlib  # noqa: F401
@@ -240,7 +240,7 @@ def build_figure(
     :raises UsageError: no runs, a run without episodes, ``labels`` not one per run, or
         ``window`` < 1; matplotlib is missing.
     """
-    Figure, FigureCanvasAgg = _matplotlib()
+    Figure, FigureCanvasAgg = matplotlib_classes()
     _check_plot(runs, labels, window)
     names = list(labels) if labels is not None else _default_labels(runs)
     fig = Figure(figsize=(12, 4.8), layout="constrained")
@@ -263,7 +263,7 @@ def build_figure(
                 steps, means, yerr=stds, color=color, label=f"{name} (eval)", **style
             )
             by_wall.errorbar(walls, means, yerr=stds, color=bars.lines[0].get_color(), **style)
-    for value, envs in _thresholds(runs):
+    for value, envs in reward_thresholds(runs):
         label = f"reward threshold {value:g} ({', '.join(envs)})"
         by_steps.axhline(value, color="0.3", linestyle="--", linewidth=1, label=label)
         by_wall.axhline(value, color="0.3", linestyle="--", linewidth=1)
@@ -320,7 +320,7 @@ def _check_plot(runs: Sequence[Run], labels: Sequence[str] | None, window: int) 
             )
 
 
-def _thresholds(runs: Sequence[Run]) -> list[tuple[float, list[str]]]:
+def reward_thresholds(runs: Sequence[Run]) -> list[tuple[float, list[str]]]:
     """Each reward threshold of the runs' envs, with the envs that have it."""
     thresholds: dict[float, list[str]] = {}
     for run in runs:
@@ -347,7 +347,7 @@ def plot_runs(
         not a format matplotlib writes, the output's directory does not exist, or matplotlib is
         missing (``pip install "mprl[plot]"``).
     """
-    _, FigureCanvasAgg = _matplotlib()
+    _, FigureCanvasAgg = matplotlib_classes()
     out = Path(out_path)
     if not out.suffix:
         out = out.with_suffix(".png")

@@ -5,6 +5,7 @@ function longer than 60 lines."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -184,3 +185,71 @@ def test_no_function_of_the_core_is_longer_than_a_screen():
                 if lines > LONGEST_FUNCTION:
                     long.append(f"{name}.{node.name}: {lines} lines")
     assert not long, long
+
+
+def test_the_host_and_the_tools_import_nothing_of_mprl_lib():
+    """``mprl.lib`` is for plugins: the host and the tools reach environments through the env
+    hooks and the env room, never through it (lazy imports count)."""
+    edges = graph(lazy=True)
+    found = {
+        name: sorted(t for t in targets if t == "mprl.lib" or t.startswith("mprl.lib."))
+        for name, targets in edges.items()
+        if name.startswith(("mprl.host", "mprl.tools"))
+    }
+    assert {name: lib for name, lib in found.items() if lib} == {}
+    assert "mprl.environments.agents" in edges["mprl.lib.marl"]  # lib builds on the env room
+
+
+def test_the_env_room_is_a_plugin_of_the_core_reached_through_the_env_hooks():
+    """``mprl.environments`` is registered by name (DEFAULT_PLUGINS), imports no host, tool,
+    backend or lib module, and the host imports none of it: what the host needs of it goes
+    through the hooks (``mprl_make_env``, ``mprl_adapt_env``, ``mprl_check_env``,
+    ``mprl_env_workload``)."""
+    from mprl.host.envs import ENV_PLUGIN
+    from mprl.host.plugins import DEFAULT_PLUGINS
+
+    assert ENV_PLUGIN == "mprl.environments" and ENV_PLUGIN in DEFAULT_PLUGINS
+    edges = graph(lazy=True)
+    room = {name for name in edges if name.split(".")[:2] == ["mprl", "environments"]}
+    assert len(room) >= 4
+    for name in room:
+        outside = {t for t in edges[name] if t.startswith(("mprl.host", "mprl.tools",
+                                                            "mprl.backends", "mprl.lib"))}  # fmt: skip
+        assert not outside, (name, outside)
+    for name, targets in edges.items():
+        if name.startswith("mprl.host"):
+            assert not targets & room, (name, targets & room)
+
+
+def private_uses(source: str) -> list[str]:
+    """The private names of mprl that ``source`` uses: ``from mprl.x import _y``, and ``._y``
+    of a name it bound to an mprl module or an mprl name."""
+    tree = ast.parse(source)
+    found, bound = [], {"mprl"}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "mprl":
+            found += [f"{node.module}.{a.name}" for a in node.names if a.name.startswith("_")]
+            bound |= {a.asname or a.name for a in node.names}
+        elif isinstance(node, ast.Import):
+            mine = [a for a in node.names if a.name.split(".")[0] == "mprl"]
+            bound |= {(a.asname or a.name).split(".")[0] for a in mine}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and re.match(r"_[^_]", node.attr):
+            root = node.value
+            while isinstance(root, ast.Attribute):
+                root = root.value
+            if isinstance(root, ast.Name) and root.id in bound:
+                found.append(ast.unparse(node))
+    return found
+
+
+def test_plugins_and_examples_use_no_private_name_of_mprl():
+    """A built-in plugin (the sweep included) uses what a third-party one can: no ``_name`` of
+    mprl, imported or reached as an attribute."""
+    bad = "import torch\nfrom mprl.tools import report\nfrom mprl.tools.report import _x\n"
+    bad += "report._y(torch._z)\n"
+    assert private_uses(bad) == ["mprl.tools.report._x", "report._y"]
+    sources = [*(REPO / "plugins").rglob("*.py"), *(REPO / "examples").rglob("*.py")]
+    assert REPO / "plugins" / "mprl_builtin" / "sweep" / "runner.py" in sources
+    found = {str(p.relative_to(REPO)): private_uses(p.read_text()) for p in sources}
+    assert {path: names for path, names in found.items() if names} == {}

@@ -4,6 +4,7 @@ plugin uses it as written."""
 
 from __future__ import annotations
 
+import argparse
 import csv
 import importlib
 import importlib.util
@@ -24,7 +25,8 @@ import mprl
 from mprl import hookspecs, schema
 from mprl.backends.local import LocalBackend
 from mprl.context import Context, episode_record
-from mprl.host.envs import EnvFactory, make_env
+from mprl.host.envs import EnvFactory, check_env, make_env, workload
+from mprl.host.job import resolve
 from mprl.host.plugins import NO_AUTOLOAD_ENV, PluginManager, get_plugin_manager
 from mprl.run_types import RunInfo, Summary
 from mprl.testing import build_state
@@ -335,6 +337,51 @@ def test_mprl_make_env_example(
     other = {"env_id": "CartPole-v1", "seed": 0, "rank": 0, "index": 0, "render_mode": None}
     assert pm.call_one("mprl_make_env", module, **other) is None
     assert make_env(pm, "CartPole-v1").spec.max_episode_steps == 500  # the built-in made it
+
+
+def test_mprl_adapt_env_example(
+    load_example: Callable[[str], tuple[PluginManager, ModuleType]],
+) -> None:
+    pm, module = load_example("mprl_adapt_env")
+    env = make_env(pm, "Coin-v0")
+    assert isinstance(env, module.CoinEnv)
+    obs, _ = env.reset(seed=1)
+    assert env.step(1)[:4] == (obs, 1.0, True, False) and env.step(0)[1] == 0.0
+    assert isinstance(make_env(pm, "CartPole-v1").unwrapped, gym.Env)  # the built-in's ids
+    assert pm.call_one("mprl_adapt_env", module, env=object(), env_id="x") is None
+
+
+def test_mprl_check_env_example(
+    load_example: Callable[[str], tuple[PluginManager, ModuleType]],
+) -> None:
+    pm, _ = load_example("mprl_check_env")
+    check_env(pm, mprl.RunConfig(env="Corridor-v0", env_batch="gym"))
+    with pytest.raises(mprl.errors.UsageError, match=r"--env-batch envpool: Corridor-v0 has no"):
+        check_env(pm, mprl.RunConfig(env="Corridor-v0", env_batch="envpool"))
+
+
+def test_mprl_env_workload_example(
+    load_example: Callable[[str], tuple[PluginManager, ModuleType]],
+) -> None:
+    pm, _ = load_example("mprl_env_workload")
+    assert workload(pm, "MyPong-v0") == "atari" and workload(pm, "HalfCheetah-v5") == "mujoco"
+    pm.register(importlib.import_module("mprl_builtin.a3c"), name="a3c")
+    _, algo, config, _ = resolve("a3c", pm, None, {"env": "MyPong-v0"})
+    assert algo.presets["atari"] and config == algo.config_cls(**algo.presets["atari"])
+
+
+def test_mprl_register_commands_example(
+    load_example: Callable[[str], tuple[PluginManager, ModuleType]],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    pm, _ = load_example("mprl_register_commands")
+    pm.register(importlib.import_module("mprl_builtin.a3c"), name="a3c")
+    info = pm.commands()["hello"]
+    assert (info.plugin, info.help) == (EXAMPLE_PLUGIN, "greet an algorithm")
+    parser = argparse.ArgumentParser()
+    info.add_arguments(parser, pm)
+    assert info.run(parser.parse_args(["a3c"]), pm) == 0
+    assert capsys.readouterr().out == "hello, a3c of plugin a3c\n"
 
 
 def test_mprl_register_backends_example(

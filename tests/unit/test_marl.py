@@ -14,8 +14,9 @@ import torch
 from mpe2 import simple_adversary_v3, simple_spread_v3
 
 import mprl
+from mprl.environments import split_env_id
 from mprl.errors import PluginError, UsageError
-from mprl.host.envs import make_env, split_env_id
+from mprl.host.envs import make_env
 from mprl.lib.marl import AgentBatch, AgentEnv, agent_rollout_spec
 from mprl.spaces import AgentBox, agents_of
 from mprl.testing import run_serial
@@ -130,7 +131,10 @@ def test_a_plugin_may_return_a_parallel_env_but_not_an_aec_one():
     pm = plugin_manager(_PettingZooEnvs())
     env = make_env(pm, "parallel-spread")
     assert isinstance(env, AgentEnv) and agents_of(env.observation_space) == ("agent_0", "agent_1")
-    with pytest.raises(PluginError, match=r"returned the PettingZoo AEC env .*aec_to_parallel"):
+    with pytest.raises(
+        PluginError,
+        match=r"returned \w+ for 'aec-spread': it is a PettingZoo AEC env .*aec_to_parallel",
+    ):
         make_env(pm, "aec-spread")
 
 

@@ -15,7 +15,7 @@ import mprl
 from mprl.errors import UsageError
 from mprl.host.config import build, load_toml
 from mprl.host.plugins import get_plugin_manager
-from mprl.tools import sweep
+from mprl_builtin.sweep import results, runner, spec
 from tests.conftest import cli_here
 
 
@@ -30,7 +30,7 @@ def plugins():
      (" 2 ", [0, 1])],
 )  # fmt: skip
 def test_seeds_take_a_range_a_list_or_a_count(text, seeds):
-    assert sweep.parse_seeds(text) == seeds
+    assert spec.parse_seeds(text) == seeds
 
 
 @pytest.mark.parametrize("text", ["", "0", "9-3", "a-b", "1,1", "-1", "1,-2", "0-", "1.5"])
@@ -38,17 +38,17 @@ def test_a_bad_seeds_spec_names_the_forms(text):
     with pytest.raises(
         UsageError, match=r"--seeds .*: give a range 0-9, a list 0,3,7 or a count 5"
     ):
-        sweep.parse_seeds(text)
+        spec.parse_seeds(text)
 
 
 def test_grid_values_split_on_top_level_commas():
-    grid = sweep.parse_grid(["lr=1e-3,3e-4", "hidden=[64,64],[128]", "n-steps=5"])
+    grid = spec.parse_grid(["lr=1e-3,3e-4", "hidden=[64,64],[128]", "n-steps=5"])
     assert grid == {"lr": ["1e-3", "3e-4"], "hidden": ["[64,64]", "[128]"], "n_steps": ["5"]}
-    assert list(sweep.Spec("a3c", [0], grid=grid).grid_points())[1] == {
+    assert list(spec.Spec("a3c", [0], grid=grid).grid_points())[1] == {
         "lr": "1e-3", "hidden": "[128]", "n_steps": "5"
     }  # fmt: skip
-    assert len(sweep.Spec("a3c", [0], grid=grid).grid_points()) == 4
-    assert sweep.Spec("a3c", [0]).grid_points() == [{}]  # seeds alone: one config
+    assert len(spec.Spec("a3c", [0], grid=grid).grid_points()) == 4
+    assert spec.Spec("a3c", [0]).grid_points() == [{}]  # seeds alone: one config
 
 
 @pytest.mark.parametrize(
@@ -58,15 +58,15 @@ def test_grid_values_split_on_top_level_commas():
 )  # fmt: skip
 def test_bad_grid_items(items, message):
     with pytest.raises(UsageError, match=message):
-        sweep.parse_grid(items)
+        spec.parse_grid(items)
 
 
 def test_search_distributions():
-    search = sweep.parse_search(
+    search = spec.parse_search(
         ["lr=log(1e-4, 1e-2)", "gamma=uniform(0.9,0.999)", "n_steps=int(5,20)",
          "hidden=choice([64],[64,64])", "envs_per_worker=intlog(1,8)"]
     )  # fmt: skip
-    assert search["lr"] == sweep.Distribution("log", 1e-4, 1e-2)
+    assert search["lr"] == spec.Distribution("log", 1e-4, 1e-2)
     assert search["hidden"].choices == ("[64]", "[64,64]")
     dists = {name: d.to_optuna() for name, d in search.items()}
     assert dists["lr"].log and dists["lr"].low == 1e-4
@@ -83,22 +83,22 @@ def test_a_bad_distribution_names_the_field(text, message):
     with pytest.raises(
         UsageError, match=rf"--search lr={text.replace('(', '.').replace(')', '.')}: .*{message}"
     ):
-        sweep.parse_distribution("lr", text)
+        spec.parse_distribution("lr", text)
 
 
-def spec(plugins, **kw):
+def a3c_spec(plugins, **kw):
     args = {"config": {}, "run": {}, "seeds": "2"} | kw
-    return sweep.make_spec(plugins, "a3c", **args)
+    return spec.make_spec(plugins, "a3c", **args)
 
 
 def test_a_spec_is_checked_against_the_plugin_config_and_run_options(plugins):
-    s = spec(plugins, grid=["lr=1e-3,3e-4", "workers=1,2"], search=["gamma=uniform(0.9,0.99)"],
-             trials=5, run={"total_steps": 1000})  # fmt: skip
+    s = a3c_spec(plugins, grid=["lr=1e-3,3e-4", "workers=1,2"],
+                 search=["gamma=uniform(0.9,0.99)"], trials=5, run={"total_steps": 1000})  # fmt: skip
     assert (s.plugin, s.seeds, s.trials, s.axes) == ("a3c", [0, 1], 5, ["lr", "workers", "gamma"])
     assert s.search == {"gamma": "uniform(0.9,0.99)"} and s.direction == "maximize"
-    assert spec(plugins, objective="time").direction == "minimize"
-    assert spec(plugins, search=["lr=log(1e-4,1e-2)"]).trials == 20  # the default
-    config, run = sweep.trial_inputs(
+    assert a3c_spec(plugins, objective="time").direction == "minimize"
+    assert a3c_spec(plugins, search=["lr=log(1e-4,1e-2)"]).trials == 20  # the default
+    config, run = spec.trial_inputs(
         s, {"lr": "3e-4", "workers": "2"}, s_config(plugins), plugins.run_options()
     )
     assert config == {"lr": 3e-4} and run == {"total_steps": 1000, "workers": 2}
@@ -126,20 +126,20 @@ def s_config(plugins):
 )  # fmt: skip
 def test_what_a_spec_refuses(plugins, kw, message):
     with pytest.raises(UsageError, match=message):
-        spec(plugins, **kw)
+        a3c_spec(plugins, **kw)
 
 
 def test_config_keys_are_short_and_safe():
-    assert sweep.config_key({}) == "base"
-    assert sweep.config_key({"lr": "1e-3", "n_steps": 5}) == "lr=1e-3,n_steps=5"
-    assert sweep.config_key({"lr": 0.00012345}) == "lr=0.00012345"
-    odd = sweep.config_key({"hidden": "[64, 64]"})
-    assert odd.startswith("cfg-") and odd != sweep.config_key({"hidden": "[64,64]"})
-    assert sweep.config_key({"x": "1" * 80}).startswith("cfg-")
+    assert spec.config_key({}) == "base"
+    assert spec.config_key({"lr": "1e-3", "n_steps": 5}) == "lr=1e-3,n_steps=5"
+    assert spec.config_key({"lr": 0.00012345}) == "lr=0.00012345"
+    odd = spec.config_key({"hidden": "[64, 64]"})
+    assert odd.startswith("cfg-") and odd != spec.config_key({"hidden": "[64,64]"})
+    assert spec.config_key({"x": "1" * 80}).startswith("cfg-")
 
 
 def test_a_config_file_is_what_run_reads(plugins, tmp_path):
-    text = sweep.toml_text({"lr": 0.001, "hidden": [64, 64], "activation": "relu"},
+    text = spec.toml_text({"lr": 0.001, "hidden": [64, 64], "activation": "relu"},
                            {"env": "CartPole-v1", "total_steps": 2000, "max_time": None})  # fmt: skip
     (tmp_path / "c.toml").write_text(text)
     data = load_toml(tmp_path / "c.toml")
@@ -156,21 +156,21 @@ def test_the_objectives():
     }
     unsolved = {"solved": False, "wall_s": 30.0, "env_steps": 9000, "mean_return_100": 100.0}
     runs = [(solved, {"max_time": 60.0, "total_steps": 10_000}), (unsolved, {"max_time": 60.0})]
-    assert sweep.objective_value("return", runs) == 290.0
-    assert sweep.objective_value("time", runs) == 35.0  # median of 10 and the cap 60
-    assert sweep.objective_value("steps", runs) == math.inf  # unsolved without --total-steps
-    assert sweep.objective_value("steps", [runs[0]]) == 5000
-    assert sweep.objective_value("return", [({}, {})]) == -math.inf
+    assert results.objective_value("return", runs) == 290.0
+    assert results.objective_value("time", runs) == 35.0  # median of 10 and the cap 60
+    assert results.objective_value("steps", runs) == math.inf  # unsolved without --total-steps
+    assert results.objective_value("steps", [runs[0]]) == 5000
+    assert results.objective_value("return", [({}, {})]) == -math.inf
 
 
 def test_the_results_table_from_real_runs(tmp_path):
     """Four serial runs in this process, laid out as a sweep's trials: the table's numbers are
     those of their summary.json files."""
     root = tmp_path / "sw"
-    s = sweep.Spec("a3c", [0, 1], run={"total_steps": 600, "workers": 1},
+    s = spec.Spec("a3c", [0, 1], run={"total_steps": 600, "workers": 1},
                    grid={"lr": ["1e-3", "3e-4"]})  # fmt: skip
     root.mkdir()
-    (root / sweep.SPEC_FILE).write_text(json.dumps(s.to_dict()))
+    (root / spec.SPEC_FILE).write_text(json.dumps(s.to_dict()))
     summaries = {}
     for lr in ("1e-3", "3e-4"):
         for seed in (0, 1):
@@ -179,7 +179,7 @@ def test_the_results_table_from_real_runs(tmp_path):
                            run_dir=root / "trials" / f"lr={lr}-seed{seed}")  # fmt: skip
             summaries.setdefault(lr, []).append(out.to_dict())
     (root / "trials" / "lr=1e-3-seed9").mkdir()  # a run that never wrote anything: left out
-    spec_back, rows = sweep.sweep_results(root)
+    spec_back, rows = results.sweep_results(root)
     assert spec_back == s
     best_first = sorted(summaries, key=lambda lr: -sum(x["mean_return_100"] for x in summaries[lr]))
     assert [r["key"] for r in rows] == [f"lr={lr}" for lr in best_first]  # by objective
@@ -191,7 +191,7 @@ def test_the_results_table_from_real_runs(tmp_path):
         assert row["mean_return_100"] == pytest.approx(sum(x["mean_return_100"] for x in mine) / 2)
         assert row["objective"] == pytest.approx(row["mean_return_100"])
         assert row["params"] == {"lr": float(row["key"].removeprefix("lr="))}
-    text = sweep.write_results(root, plot=False)
+    text = results.write_results(root, plot=False)
     assert text.splitlines()[0].split()[:3] == ["CONFIG", "RUNS", "SOLVED"]
     assert "lr=0.001" in text and "lr=0.0003" in text
     saved = json.loads((root / "results.json").read_text())
@@ -204,7 +204,7 @@ def test_the_results_table_from_real_runs(tmp_path):
 def test_optuna_missing_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "optuna", None)
     with pytest.raises(UsageError, match=r'needs Optuna.*pip install "mprl\[sweep\]"'):
-        sweep._optuna()
+        runner._optuna()
 
 
 def test_cli_errors_are_one_line_and_exit_2(capsys, tmp_path):
@@ -221,8 +221,8 @@ def test_cli_errors_are_one_line_and_exit_2(capsys, tmp_path):
 def test_a_sweep_dir_holding_another_sweep_is_refused(capsys, tmp_path):
     root = tmp_path / "sw"
     root.mkdir()
-    other = sweep.Spec("ppo", [0], grid={"lr": ["1e-3"]})
-    (root / sweep.SPEC_FILE).write_text(json.dumps(other.to_dict()))
+    other = spec.Spec("ppo", [0], grid={"lr": ["1e-3"]})
+    (root / spec.SPEC_FILE).write_text(json.dumps(other.to_dict()))
     code, err = cli_here(
         capsys, "sweep", "--plugin", "a3c", "--grid", "lr=1e-3", "--sweep-dir", str(root)
     )

@@ -15,8 +15,9 @@ import torch
 
 from mprl.backends.child import DeviceLearner
 from mprl.device import Staging
+from mprl.environments import workload
+from mprl.environments.atari import make_atari
 from mprl.errors import ConfigError
-from mprl.host.envs import make_atari, workload
 from mprl.host.job import resolve
 from mprl.host.plugins import get_plugin_manager
 from mprl.lib.envbatch import EnvBatch, rollout_spec
