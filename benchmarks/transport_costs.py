@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from mprl import schema
-from mprl.backends.tensors import TensorStateBuilder
+from mprl.transport.memory import MemoryBuilder
 
 STEPS = 200  # a CartPole episode
 SPACES = gym.spaces.Box(-1.0, 1.0, (4,)), gym.spaces.Discrete(2)
@@ -64,7 +64,7 @@ def main() -> None:
             rollouts=schema.Rollouts(spec, slots_per_worker=1),
             replay=schema.ReplayBuffer(capacity=10_000),
         ).build(
-            TensorStateBuilder(manager, torch.nn.Linear(1, 1), None, share=True, sleep=True), dims
+            MemoryBuilder(manager, torch.nn.Linear(1, 1), None, share=True, sleep=True), dims
         )
         worker, learner = state.bound(0, lambda: False), state.bound(2, lambda: False)
         obs = np.zeros(4, dtype=np.float32)

@@ -372,3 +372,9 @@ def objects_of(
     backend that reads what a child trains. Replace them with ``attrs.evolve(ctx, model=...,
     optimizer=..., optimizers=...)``."""
     return ctx._model, ctx._optimizer, dict(ctx._optimizers)
+
+
+def shared_of(ctx: Context) -> SharedState:
+    """The shared state ``ctx`` was given, unbound (``ctx.state`` is it bound to the process):
+    for a backend that attaches what every process of its own needs to its fields."""
+    return ctx._shared

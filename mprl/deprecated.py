@@ -125,7 +125,7 @@ MOVED: dict[str, dict[str, str]] = {
         **_same("mprl.backends.base", "TICK_S"),
     },
     "mprl.stats": _same("mprl.host.stats", "WINDOW RunStats Snapshot"),
-    "mprl.transport": _same("mprl.backends.tensors", "FREE FULL MAX_PAUSE_S TAKEN"),
+    "mprl.transport": _same("mprl.transport.memory", "FREE FULL MAX_PAUSE_S TAKEN"),
 }
 
 #: names that moved after 0.1.0, while 0.2.0 was made, forwarded as :data:`MOVED`'s are: the

@@ -40,7 +40,6 @@ from mprl.backends.base import Job, Role
 from mprl.backends.child import _on_device, seed_process
 from mprl.backends.serial import InProcessManager, SerialBackend
 from mprl.backends.serial.backend import _own_objects
-from mprl.backends.tensors import TensorStateBuilder
 from mprl.context import Context, episode_record
 from mprl.errors import PluginError, UsageError
 from mprl.hookspecs import hookimpl
@@ -51,6 +50,7 @@ from mprl.host.plugins import PluginManager, get_plugin_manager
 from mprl.host.runner import run
 from mprl.run_types import RunConfig, Summary
 from mprl.schema import Dims, Schema, SharedState
+from mprl.transport.memory import MemoryBuilder
 
 
 def plugin_manager(*plugins: object, builtins: bool = True) -> PluginManager:
@@ -137,7 +137,7 @@ def build_state(
     if algorithm is not None and spaces[0] is not None:
         make = algorithm.make_model
         model = make(dims.observation_space, dims.action_space, dims.config)
-    builder = TensorStateBuilder(manager or InProcessManager(), model, make, share=True, sleep=True)  # type: ignore[arg-type]
+    builder = MemoryBuilder(manager or InProcessManager(), model, make, share=True, sleep=True)  # type: ignore[arg-type]
     assert isinstance(schema, Schema)
     schema.check_dims(dims)
     return schema.build(builder, dims)
@@ -445,7 +445,7 @@ class Bench:
         self._job: Job = job
         self._steps = [0] * (job.run.workers + 2)  # per slot, as a run counts them
         self._channel = _BenchChannel(self)
-        builder = TensorStateBuilder(
+        builder = MemoryBuilder(
             InProcessManager(self._channel.pause), job.model, job.algorithm.make_model,
             share=False, sleep=False,
         )  # fmt: skip

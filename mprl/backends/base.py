@@ -167,8 +167,11 @@ class Outcome:
 class Monitor(Protocol):
     """The host's side of a job, called by the backend in the main process."""
 
-    def on_start(self, state: SharedState) -> None:
-        """The shared state is built (and restored on resume); children start next."""
+    def on_start(self, state: SharedState, refresh: Callable[[], None] | None = None) -> None:
+        """The shared state is built (and restored on resume); children start next.
+        ``refresh()``, where the backend gives one, brings the main process's model,
+        optimizers and modules up to date with what the children train (the Ray backend's
+        train process is elsewhere): the monitor calls it before it reads them."""
 
     def on_event(self, record: Mapping[str, Any]) -> None:
         """A supervision event to log and show: ``record["event"]`` is ``"restart"``,

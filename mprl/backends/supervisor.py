@@ -146,6 +146,10 @@ class Supervisor:
         """*Backend*: the failure of a child that crashed while stopping, or ``None``."""
         return None
 
+    def refresh(self) -> None:
+        """*Backend*: bring the main process's model, optimizers and modules up to date with
+        what the children train, before the host reads them (a checkpoint)."""
+
     def after_stop(self) -> None:
         """*Backend*: after the children stopped, before the final checkpoint."""
 
@@ -176,7 +180,7 @@ class Supervisor:
             mark("state")
             if skipped:
                 self.event("state-not-restored", skipped)
-            self.monitor.on_start(self.state)
+            self.monitor.on_start(self.state, self.refresh)
             reason = self._start_all()
             failures: list[ChildFailure] = []
             if reason is None:

@@ -154,9 +154,16 @@ class RunMonitor:
         self._bad_fields: set[str] = set()  # fields of children's records already warned of
         #: the evaluation episodes (--eval-every): "solved" is judged on them while they play
         self.evaluation = evaluation
+        #: brings the model, optimizers and modules up to date before they are read (the
+        #: backend's, :meth:`mprl.backends.base.Monitor.on_start`)
+        self.refresh: Callable[[], None] = lambda: None
 
-    def on_start(self, state: SharedState) -> None:
+    def on_start(self, state: SharedState, refresh: Callable[[], None] | None = None) -> None:
         self.state = state
+        if refresh is not None:
+            self.refresh = self.check.refresh = refresh
+            if self.evaluation is not None:
+                self.evaluation.refresh = refresh
 
     def on_records(self, records: Sequence[Mapping[str, Any]]) -> None:
         out = []
@@ -338,6 +345,7 @@ class RunMonitor:
         failed write into a ``RuntimeError``: caught too, and reported by its cause.
         """
         start = self._last_checkpoint = time.monotonic()
+        self.refresh()  # what the children trained, where the backend keeps it elsewhere
         shared = dict(self.job.state_snapshot)  # the state is not built yet: keep what was
         if self.state is not None:
             try:

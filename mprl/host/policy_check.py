@@ -44,6 +44,10 @@ def _one_torch_thread() -> Iterator[None]:
         torch.set_num_threads(before)
 
 
+def _nothing() -> None:
+    pass
+
+
 class _Player:
     """A copy of the run's model (``model.act(obs_batch, deterministic)``) and environments of
     its own, made on first use, that the main process plays with: several environments side by
@@ -62,12 +66,15 @@ class _Player:
         self.model, self.make_envs, self.algorithm = model, make_envs, algorithm
         self.broken = not callable(getattr(model, "act", None))  # nothing to play it with
         self._player: tuple[torch.nn.Module, list[gym.Env]] | None = None
+        #: brings the run's model up to date before a copy is made (the backend's refresh)
+        self.refresh: Callable[[], None] = _nothing
 
     def _copy(self) -> tuple[torch.nn.Module, list[gym.Env]]:
         """The player's model, holding the run's weights of now, and its envs."""
         if self._player is None:
             self._player = (copy.deepcopy(self.model), self.make_envs())
         model, envs = self._player
+        self.refresh()
         model.load_state_dict(self.model.state_dict())
         return model, envs
 

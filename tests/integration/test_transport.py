@@ -1,4 +1,4 @@
-"""The transport fields as the local backend builds them (mprl.backends.tensors), with real
+"""The transport fields as the local backend builds them (mprl.transport.memory), with real
 spawned producers, readers and writers: rollout slots, weight publishing, the replay buffer and
 the counter. Every interleaving a test needs is forced with a handshake, never hoped for."""
 
@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from mprl.backends.tensors import FULL, TensorCounter, TensorReplay, TensorRollouts, TensorWeights
+from mprl.transport.memory import FULL, MemoryCounter, MemoryReplay, MemoryRollouts, MemoryWeights
 
 T, E = 5, 3
 SPEC = {"obs": ((T + 1, E, 2), torch.float32), "action": ((T, E), torch.int64)}
@@ -22,11 +22,11 @@ def never() -> bool:
     return False
 
 
-def rollouts_of(workers: int, slots: int) -> TensorRollouts:
-    return TensorRollouts(SPEC, workers, slots, share=True, sleep=True)
+def rollouts_of(workers: int, slots: int) -> MemoryRollouts:
+    return MemoryRollouts(SPEC, workers, slots, share=True, sleep=True)
 
 
-def produce(rollouts: TensorRollouts, rank: int, count: int, stop, returned=None) -> None:
+def produce(rollouts: MemoryRollouts, rank: int, count: int, stop, returned=None) -> None:
     """Hand ``count`` rollouts over as worker ``rank``; stopped, note when (``returned[rank]``,
     ``time.monotonic()``: one clock for every process) and return."""
     mine = rollouts.bind(rank, stop.is_set)
@@ -85,7 +85,7 @@ def test_a_killed_writer_leaves_nothing_locked():
     assert again.exitcode == 0
 
 
-def commit(worker: TensorRollouts, value: float) -> int:
+def commit(worker: MemoryRollouts, value: float) -> int:
     """A bound worker writes a rollout of ``value``s into its next slot and hands it over."""
     index = worker.acquire(timeout=5)
     assert index is not None
@@ -126,7 +126,7 @@ def _filled(value: float) -> torch.nn.Module:
     return model
 
 
-def read_weights(weights: TensorWeights, seen, out, stop) -> None:
+def read_weights(weights: MemoryWeights, seen, out, stop) -> None:
     local = _filled(-1.0)
     have, torn, versions = -1, 0, []
     out.put("reading")
@@ -145,7 +145,7 @@ def read_weights(weights: TensorWeights, seen, out, stop) -> None:
 def test_weights_reach_readers_whole_with_increasing_versions(in_place):
     shared = _filled(0.0).share_memory()
     learner = shared if in_place else _filled(0.0)  # a learner on a GPU has its own model
-    weights = TensorWeights(shared, share=True, sleep=True)
+    weights = MemoryWeights(shared, share=True, sleep=True)
     seen = torch.full((1,), -1, dtype=torch.int64).share_memory_()
     out, stop = SPAWN.Queue(), SPAWN.Event()
     reader = SPAWN.Process(target=read_weights, args=(weights, seen, out, stop))
@@ -173,14 +173,14 @@ def test_weights_reach_readers_whole_with_increasing_versions(in_place):
     assert {300 * k for k in range(1, 11)} <= set(versions)
 
 
-def wait_for_update(weights: TensorWeights, newer_than: int, out, stop) -> None:
+def wait_for_update(weights: MemoryWeights, newer_than: int, out, stop) -> None:
     out.put("waiting")
     out.put(weights.bind(0, stop.is_set).wait(newer_than))
 
 
 def test_wait_sleeps_until_an_update_is_complete_and_returns_on_stop():
     shared = _filled(0.0).share_memory()
-    weights, out, stop = TensorWeights(shared, share=True, sleep=True), SPAWN.Queue(), SPAWN.Event()
+    weights, out, stop = MemoryWeights(shared, share=True, sleep=True), SPAWN.Queue(), SPAWN.Event()
     mine = weights.bind(0, never)
     assert mine.wait(-1, timeout=0.1) == 0  # version 0 is newer than -1
     assert mine.wait(0, timeout=0.2) is None  # nothing newer: times out
@@ -217,7 +217,7 @@ ROW = {
 }
 
 
-def add_rows(replay: TensorReplay, rank: int, batches: int, ready) -> None:
+def add_rows(replay: MemoryReplay, rank: int, batches: int, ready) -> None:
     mine = replay.bind(rank, never)
     ready.wait()
     for b in range(batches):
@@ -227,7 +227,7 @@ def add_rows(replay: TensorReplay, rank: int, batches: int, ready) -> None:
 
 
 def test_replay_sample_never_returns_a_torn_row_under_concurrent_writers():
-    replay = TensorReplay(ROW, capacity=64, workers=2, share=True)  # rings of 32: overwritten
+    replay = MemoryReplay(ROW, capacity=64, workers=2, share=True)  # rings of 32: overwritten
     learner = replay.bind(2, never)
     assert learner.sample(4) is None and learner.size() == 0
     ready = SPAWN.Event()
@@ -255,14 +255,14 @@ def test_replay_sample_never_returns_a_torn_row_under_concurrent_writers():
         assert ring.tolist() == list(range(9000 - 32 + 10_000 * rank, 9000 + 10_000 * rank))
 
 
-def count(counter: TensorCounter, slot: int, n: int) -> None:
+def count(counter: MemoryCounter, slot: int, n: int) -> None:
     mine = counter.bind(slot, never)
     for _ in range(n):
         mine.add(1)
 
 
 def test_counter_adds_exactly_from_every_process_and_resumes_from_its_total():
-    counter = TensorCounter(3, share=True)
+    counter = MemoryCounter(3, share=True)
     procs = [SPAWN.Process(target=count, args=(counter, slot, 5000)) for slot in range(3)]
     for proc in procs:
         proc.start()
@@ -270,7 +270,7 @@ def test_counter_adds_exactly_from_every_process_and_resumes_from_its_total():
         proc.join(timeout=DEADLINE_S)
         assert proc.exitcode == 0
     assert counter.value == 15_000
-    resumed = TensorCounter(2, share=False)  # another worker count: the total carries over
+    resumed = MemoryCounter(2, share=False)  # another worker count: the total carries over
     resumed.load(counter.value)
     resumed.bind(0, never).add(5)
     assert resumed.value == 15_005

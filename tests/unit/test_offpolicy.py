@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from mprl import schema
-from mprl.backends.tensors import TensorStateBuilder
 from mprl.errors import SchemaError
+from mprl.transport.memory import MemoryBuilder
 from tests.conftest import cli_here
 from tests.plugins import mprl_docs_dqn
 
@@ -39,7 +39,7 @@ def test_dqn_learns_from_its_replay_buffer_in_serial_mode(mprl_pm, mprl_serial):
 def test_a_replay_buffer_can_stay_out_of_checkpoints():
     kept, skipped = schema.ReplayBuffer(capacity=8), schema.ReplayBuffer(8, checkpoint=False)
     dims = schema.Dims(2, gym.spaces.Box(-1, 1, (3,)), gym.spaces.Discrete(2))
-    builder = TensorStateBuilder(None, torch.nn.Linear(1, 1), None, share=False, sleep=True)
+    builder = MemoryBuilder(None, torch.nn.Linear(1, 1), None, share=False, sleep=True)
     assert kept.snapshot(kept.build(builder, dims)) is not None
     assert skipped.snapshot(skipped.build(builder, dims)) is None
 

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from mprl import schema
-from mprl.backends.tensors import TensorReplay
 from mprl.errors import UsageError
 from mprl.testing import plugin_manager, run_serial
+from mprl.transport.memory import MemoryReplay
 from mprl_builtin import sac as sac_plugin
 from tests.plugins import mprl_testplugin
 
@@ -24,10 +24,10 @@ def dims(workers: int, config: object = None) -> schema.Dims:
     return schema.Dims(workers, *SPACES, config)
 
 
-def filled(workers: int, capacity: int, added: list[int]) -> TensorReplay:
+def filled(workers: int, capacity: int, added: list[int]) -> MemoryReplay:
     """A replay buffer whose worker ``w`` added ``added[w]`` rows; row ``k`` of worker ``w``
     holds ``x = 1000 * w + k`` (and ``obs`` = ``[x, -x]``)."""
-    replay = TensorReplay(ROW, capacity, workers, share=False)
+    replay = MemoryReplay(ROW, capacity, workers, share=False)
     for w, n in enumerate(added):
         bound = replay.bind(w, lambda: False)
         for k in range(n):
@@ -36,7 +36,7 @@ def filled(workers: int, capacity: int, added: list[int]) -> TensorReplay:
     return replay
 
 
-def rings(replay: TensorReplay) -> list[list[int]]:
+def rings(replay: MemoryReplay) -> list[list[int]]:
     """Each worker's rows, oldest first, as ``x``."""
     state = replay.state()
     per, out = replay.per_worker, []
@@ -52,7 +52,7 @@ def test_replay_rows_are_re_partitioned_across_more_workers_in_order():
     assert rings(old) == [[3, 4, 5, 6, 7, 8], [1000, 1001, 1002, 1003]]
     data, note = decl.fit(old.state(), dims(3))
     assert note == "10 rows re-partitioned from 2 workers (6 rows each) to 3 (4 rows each)"
-    new = TensorReplay(ROW, 12, 3, share=False)
+    new = MemoryReplay(ROW, 12, 3, share=False)
     assert new.load(data)  # the shapes of a 3-worker buffer
     assert new.size() == 10 and new.state()["heads"].tolist() == [4, 3, 3]
     # every row kept, whole (obs goes with its x), none twice
@@ -77,7 +77,7 @@ def test_the_newest_rows_are_kept_when_they_do_not_all_fit():
         "5 rows re-partitioned from 3 workers (4 rows each) to 1 (5 rows each); the 5 oldest "
         "did not fit and were dropped"
     )
-    new = TensorReplay(ROW, 5, 1, share=False)
+    new = MemoryReplay(ROW, 5, 1, share=False)
     assert new.load(data)
     assert rings(new) == [[2, 1002, 3, 1003, 2001]]  # ages 1 (by rank), then 0
     assert new.state()["heads"].tolist() == [5]

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from mprl import schema as s
-from mprl.backends.tensors import TensorStateBuilder
 from mprl.errors import SchemaError
 from mprl.testing import build_state
+from mprl.transport.memory import MemoryBuilder
 
 FULL = s.Schema(
     train_modes=s.PerWorker(True),
@@ -37,7 +37,7 @@ FULL = s.Schema(
 def test_tensor_only_schema_needs_no_manager():
     tensors = s.Schema(a=s.Tensor(shape=(2,)), b=s.Tensor(shape=("all", 3), dtype=torch.int64))
     assert not tensors.needs_manager()
-    no_manager = TensorStateBuilder(None, torch.nn.Linear(1, 1), None, share=True, sleep=True)
+    no_manager = MemoryBuilder(None, torch.nn.Linear(1, 1), None, share=True, sleep=True)
     dims = s.Dims(4, gym.spaces.Box(-1, 1, (2,)), gym.spaces.Discrete(2))
     state = tensors.build(no_manager, dims)
     assert state.b.shape == (5, 3) and state.b.is_shared()

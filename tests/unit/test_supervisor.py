@@ -62,7 +62,7 @@ class Monitor:
         self.signal_name = signal_name
         self.deadline = None if stop_after is None else time.monotonic() + stop_after
 
-    def on_start(self, state: Any) -> None:
+    def on_start(self, state: Any, refresh: Any = None) -> None:
         pass
 
     def on_event(self, record: dict[str, Any]) -> None:

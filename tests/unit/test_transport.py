@@ -1,4 +1,4 @@
-"""The transport fields as the local backend builds them (mprl.backends.tensors), with real
+"""The transport fields as the local backend builds them (mprl.transport.memory), with real
 spawned producers, readers and writers: rollout slots, weight publishing, the replay buffer and
 the counter. Every interleaving a test needs is forced with a handshake, never hoped for."""
 
@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from mprl.backends.tensors import TensorReplay, TensorRollouts
+from mprl.transport.memory import MemoryReplay, MemoryRollouts
 
 T, E = 5, 3
 
@@ -22,11 +22,11 @@ def never() -> bool:
     return False
 
 
-def rollouts_of(workers: int, slots: int) -> TensorRollouts:
-    return TensorRollouts(SPEC, workers, slots, share=True, sleep=True)
+def rollouts_of(workers: int, slots: int) -> MemoryRollouts:
+    return MemoryRollouts(SPEC, workers, slots, share=True, sleep=True)
 
 
-def commit(worker: TensorRollouts, value: float) -> int:
+def commit(worker: MemoryRollouts, value: float) -> int:
     """A bound worker writes a rollout of ``value``s into its next slot and hands it over."""
     index = worker.acquire(timeout=5)
     assert index is not None
@@ -115,7 +115,7 @@ def test_take_batch_keeps_what_it_copied_when_stopped_or_timed_out():
 
 
 def test_replay_rows_checkpoint_and_come_back_only_where_they_fit():
-    replay = TensorReplay(ROW, capacity=8, workers=2, share=False)
+    replay = MemoryReplay(ROW, capacity=8, workers=2, share=False)
     writer = replay.bind(1, never)
     writer.add(obs=torch.ones(3, 4), action=torch.tensor([7, 8, 9]), next_obs=torch.zeros(3, 4))
     with pytest.raises(RuntimeError, match="only a worker adds rows"):
@@ -123,7 +123,7 @@ def test_replay_rows_checkpoint_and_come_back_only_where_they_fit():
     with pytest.raises(ValueError, match="add\\(\\) takes the fields"):
         writer.add(obs=torch.ones(1, 4))
     saved = replay.state()
-    again = TensorReplay(ROW, capacity=8, workers=2, share=False)
+    again = MemoryReplay(ROW, capacity=8, workers=2, share=False)
     assert again.load(saved) and again.size() == 3
     assert sorted(again.bind(2, never).sample(50)["action"].unique().tolist()) == [7, 8, 9]
-    assert not TensorReplay(ROW, capacity=12, workers=3, share=False).load(saved)
+    assert not MemoryReplay(ROW, capacity=12, workers=3, share=False).load(saved)

@@ -17,9 +17,9 @@ import torch
 import mprl
 from mprl import schema
 from mprl.backends.serial import backend as serial_backend
-from mprl.backends.tensors import TensorReplay
 from mprl.errors import RunFailed, SchemaError
 from mprl.lib.nets import make_model
+from mprl.transport.memory import MemoryReplay
 
 ROW = {"x": ((2,), torch.float32)}
 
@@ -101,7 +101,7 @@ def _rows(n: int, value: float = 0.0) -> dict[str, torch.Tensor]:
 
 def test_sample_waits_for_the_ratio_and_add_for_the_learner():
     pace = schema.ReplayPace(ratio=2.0, starts=4, lead=8)
-    replay = TensorReplay(ROW, 1000, 1, share=False, sleep=True, pace=pace)
+    replay = MemoryReplay(ROW, 1000, 1, share=False, sleep=True, pace=pace)
     stopping = threading.Event()
     worker, learner = replay.bind(0, stopping.is_set), replay.bind(1, stopping.is_set)
     worker.add(**_rows(5))  # 4 to start, then 1 row: credit 2
@@ -135,7 +135,7 @@ def test_sample_waits_for_the_ratio_and_add_for_the_learner():
 
 
 def test_wait_size_returns_the_size_or_none_once_stopping():
-    replay = TensorReplay(ROW, 100, 2, share=False)
+    replay = MemoryReplay(ROW, 100, 2, share=False)
     stop = threading.Event()
     worker, learner = replay.bind(1, stop.is_set), replay.bind(2, stop.is_set)
     worker.add(**_rows(3))
@@ -151,52 +151,24 @@ def test_wait_size_returns_the_size_or_none_once_stopping():
 
 def test_the_counts_are_checkpointed_and_follow_rows_moved_between_workers():
     pace = schema.ReplayPace(ratio=2.0, starts=4, lead=None)
-    a = TensorReplay(ROW, 100, 2, share=False, pace=pace)
+    a = MemoryReplay(ROW, 100, 2, share=False, pace=pace)
     a.bind(0, never).add(**_rows(6))
     a.bind(1, never).add(**_rows(4))
     a.bind(2, never).sample(8)
     saved = a.state()
     assert int(saved["sampled"]) == 8 and int(saved["added"]) == 10
-    b = TensorReplay(ROW, 100, 2, share=False, pace=pace)
+    b = MemoryReplay(ROW, 100, 2, share=False, pace=pace)
     assert b.load(saved) and b.counts() == (10, 8, 0)
     # fewer rows after a re-partition (another worker count): the learner as far ahead as it
     # was, not waiting for rows it already learned from
     moved = {**saved, "heads": torch.tensor([3, 3])}
-    c = TensorReplay(ROW, 100, 2, share=False, pace=pace)
+    c = MemoryReplay(ROW, 100, 2, share=False, pace=pace)
     assert c.load(moved) and c.counts()[:2] == (6, 0)
     assert c.bind(0, never).sampled() == 0 and pace.credit(6, 0) == pace.credit(10, 8)
     # a checkpoint without the counts: level with its rows, no burst of updates
     old = {k: v for k, v in saved.items() if k not in ("sampled", "added")}
-    d = TensorReplay(ROW, 100, 2, share=False, pace=pace)
+    d = MemoryReplay(ROW, 100, 2, share=False, pace=pace)
     assert d.load(old) and d.sampled() == pace.caught_up(10) == 12
-
-
-def test_the_ray_hub_keeps_the_pace_where_the_buffer_lives():
-    from mprl.backends.ray.transport import _INFO, Hub, note
-
-    hub = Hub()
-    hub.replay_init("replay1", ROW, 100, 2, schema.ReplayPace(2.0, 0, 8))
-    info = hub.flush(0, {}, {"replay1": [{"x": torch.zeros(3, 2).numpy()}]})
-    assert info["replays"]["replay1"] == (3, 0, 0)
-    assert hub.replay_room("replay1", 0.01) is not None  # credit 6 < want 0 + 2 * 8 / 2
-    hub.flush(1, {}, {"replay1": [{"x": torch.zeros(2, 2).numpy()}]})
-    assert hub.replay_room("replay1", 0.05) is None  # credit 10: ahead, the worker waits on
-    woken: list = []
-    waiter = threading.Thread(target=lambda: woken.append(hub.replay_room("replay1", 5.0)))
-    waiter.start()
-    assert hub.replay_sample("replay1", 4)["x"].shape == (4, 2)  # a sample wakes it
-    waiter.join(5)
-    assert woken and woken[0]["replays"]["replay1"] == (5, 4, 4)
-    assert hub.replay_wait_size("replay1", 5, 0.01) == 5
-    assert hub.replay_wait_size("replay1", 6, 0.01) is None
-    with pytest.raises(RuntimeError, match="only a worker adds rows"):
-        hub.replay_add("replay1", 2, {"x": torch.zeros(1, 2).numpy()})
-    # a worker's cache keeps the newest counts whatever order the answers come in
-    _INFO["replays"].pop("replay1", None)
-    note({"replays": {"replay1": (5, 4, 4)}})
-    note({"replays": {"replay1": (3, 0, 0)}})  # an older poll's
-    assert _INFO["replays"]["replay1"] == (5, 4, 4)
-    _INFO["replays"].pop("replay1")
 
 
 # -- serial runs: waiting hands the turn on ---------------------------------------------------
@@ -282,24 +254,3 @@ def test_every_process_waiting_until_is_a_deadlock(mprl_pm, mprl_serial, monkeyp
     tb = info.value.summary.failures[0].traceback
     assert "RuntimeError: deadlock" in tb and "ctx.wait_until(lambda: False)" in tb
     assert threading.active_count() == 1
-
-
-def test_a_learner_s_weights_are_packed_when_asked_for_not_at_every_update():
-    from mprl.backends.ray.transport import Hub
-
-    hub, model = Hub(), torch.nn.Linear(3, 2)
-    for version in (1, 2, 3):  # three updates: nothing packed yet
-        with hub.publishing:
-            torch.nn.init.constant_(model.weight, float(version))
-            hub.publish_live("weights1", version, model)
-    assert hub.weights["weights1"] == (3, []) and hub.info()["weights"] == {"weights1": 3}
-    assert hub.latest("weights1", 3) is None  # the worker has it: nothing packed
-    version, (is_ref, arrays) = hub.latest("weights1", 1)
-    assert version == 3 and not is_ref and arrays[0].tolist() == [[3.0] * 3] * 2  # inline
-    assert hub.weights["weights1"][1]  # packed once for this version, kept for the others
-    torch.nn.init.constant_(model.weight, 9.0)  # (not published: never seen)
-    assert hub.latest("weights1", 2)[1][1][0].tolist() == [[3.0] * 3] * 2
-    # a rollout commit's answer carries the newest weights, packed
-    hub.publish_live("weights1", 4, model)
-    _, newer = hub.put("rollouts1", 0, [False, {}], {"weights1": 3})
-    assert newer["weights1"][0] == 4 and newer["weights1"][1][1][0].tolist() == [[9.0] * 3] * 2

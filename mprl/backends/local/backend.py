@@ -41,13 +41,13 @@ from mprl.backends.processes import (
     stop_forkserver,
 )
 from mprl.backends.supervisor import RUNNING, Child, NotStarted, Supervisor
-from mprl.backends.tensors import TensorStateBuilder
 from mprl.context import Context
 from mprl.errors import UsageError
 from mprl.files import open_new
 from mprl.run_types import ChildFailure
 from mprl.schema import SharedState
 from mprl.timeline import mark
+from mprl.transport.memory import MemoryBuilder
 
 #: the shared tensors a forkserver can send a child: one file descriptor each, in one message
 #: of at most ``multiprocessing.forkserver.MAXFDS_TO_SEND`` (256), less its own and the pipes'
@@ -224,7 +224,7 @@ class _LocalSupervisor(Supervisor):
             mark("manager")
         manager = self.server.manager if self.server is not None else None
         with child_environment(self.threads):
-            builder = TensorStateBuilder(
+            builder = MemoryBuilder(
                 manager, job.model, job.algorithm.make_model, share=True, sleep=True
             )
             return job.build_state(builder)

@@ -21,9 +21,10 @@ import ray
 import torch
 
 from mprl.backends.child import Trained, run_child
-from mprl.backends.ray import transport
-from mprl.context import Context, episode_record
+from mprl.context import Context, episode_record, shared_of
 from mprl.timeline import mark
+from mprl.transport.client import ANSWER_TIMEOUT_S, Direct, Endpoint, connect
+from mprl.transport.hub import Hub
 
 #: the longest a read of the train process's state waits for its update in progress to end
 UPDATE_WAIT_S = 2.0
@@ -87,11 +88,11 @@ class ChildActor:
         self.channel = ActorChannel()
         self.ctx: Context | None = None
         self.trained: Trained | None = None  # what the function trains (on its device)
-        self.hub = transport.Hub()  # used when this actor hosts the run's transport
-        transport.serve(self.hub)
+        self.hub = Hub()  # used when this actor hosts the run's transport
+        self.endpoint: Endpoint | None = None  # this process's end of the run's hub
 
     def hub_call(self, method: str, *args: Any) -> Any:
-        """A call to the run's transport hub (:class:`mprl.backends.ray.transport.Hub`)."""
+        """A call to the run's transport hub (:class:`mprl.transport.hub.Hub`)."""
         return getattr(self.hub, method)(*args)
 
     def where(self) -> dict[str, Any]:
@@ -100,12 +101,23 @@ class ChildActor:
         return {"node_id": runtime.get_node_id(), "ip": ray.util.get_node_ip_address(),
                 "pid": os.getpid()}  # fmt: skip
 
-    def run(self, fn: Callable[[Context], None], ctx: Context, threads: int) -> dict[str, Any]:
-        """Run the plugin's function; ``{"code": 0}``, or ``{"code": 1, "traceback": ...}``."""
+    def run(
+        self, fn: Callable[[Context], None], ctx: Context, threads: int, hub_host: Any = None
+    ) -> dict[str, Any]:
+        """Run the plugin's function; ``{"code": 0}``, or ``{"code": 1, "traceback": ...}``.
+        ``hub_host``: the actor that hosts the run's hub, ``None`` when this one does."""
+        from mprl.transport.raylink import RayLink
+
+        if hub_host is None:
+            self.endpoint = Endpoint(Direct(self.hub), self.hub)
+        else:
+            self.endpoint = Endpoint(RayLink(hub_host))
+        endpoint = self.endpoint
+        connect(shared_of(ctx), endpoint)
 
         def fn_then_flush(ctx: Context) -> None:
             fn(ctx)
-            transport.flush()  # its last counter adds and replay rows
+            endpoint.flush()  # its last counter adds and replay rows
 
         mark("child-main", source=ctx.source)
         ctx = attrs.evolve(ctx, channel=self.channel)
@@ -129,7 +141,8 @@ class ChildActor:
         reading it); ``model`` is such a reference, copied into this worker's ``ctx.model``;
         ``info`` refreshes this process's cache of the transport hub's versions and totals,
         and the answer carries the hub's own when this actor hosts it."""
-        transport.note(info)
+        if self.endpoint is not None:
+            self.endpoint.note(info)
         channel = self.channel
         if stop:
             channel.stopping = True
@@ -142,7 +155,7 @@ class ChildActor:
         if ctx is not None and model is not None:
             # owned by the train process: gone with it (the run is failing then)
             with contextlib.suppress(ray.exceptions.RayError, TimeoutError):
-                weights = ray.get(model[0], timeout=transport.CALL_TIMEOUT_S)
+                weights = ray.get(model[0], timeout=ANSWER_TIMEOUT_S)
                 with torch.no_grad():
                     ctx.model.load_state_dict(weights)
         if ctx is not None and self.trained is not None and share_model:

@@ -8,12 +8,12 @@ stop sequence) is :class:`mprl.backends.supervisor.Supervisor`'s.
 - Manager kinds live in a Manager server started by the driver and reached over TCP at the
   driver's node address, with a random per-run key (never an open port without
   authentication): the same objects, so the same semantics, as on the local backend.
-- Rollouts and weights go to a hub in the train process's actor, inline when small, through
-  Ray's object store when large (:mod:`mprl.backends.ray.transport`): the driver is not on
-  their way.
-- The train process's model, optimizers and modules are fetched only when the driver reads its
-  copies of them: a checkpoint, the policy check, an evaluation (state-dict hooks on those
-  copies, :meth:`_RaySupervisor.fetch_state`), and once at the end.
+- Transport fields live in a hub in the train process's actor (:mod:`mprl.transport.hub`),
+  mapped by the actors of its machine, called by the others (:mod:`mprl.transport.raylink`):
+  the driver is not on their way.
+- The train process's model, optimizers and modules are fetched only when the host asks
+  before it reads its copies of them (a checkpoint, the policy check, an evaluation:
+  :meth:`_RaySupervisor.refresh`), and once at the end.
 - A plugin without a ``Weights`` field whose workers act with ``ctx.model``: every
   :data:`SYNC_S` seconds the train process puts its model in Ray's object store, and each
   worker loads it from there; the driver passes the reference on and never reads it.
@@ -24,7 +24,6 @@ stop sequence) is :class:`mprl.backends.supervisor.Supervisor`'s.
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import secrets
 import time
@@ -178,19 +177,6 @@ class _RayChild(Child):
     model_sent: int = -1  # the generation of the train process's model it was last sent
 
 
-#: per driver's supervisor, what its state-dict hooks call (see :func:`_fetch_on_read`)
-_READERS: dict[int, Any] = {}
-
-
-def _fetch_on_read(key: int, *_: Any) -> None:
-    """A state-dict pre-hook on the driver's copies of the train process's model, optimizers and
-    modules: they are brought up to date before they are read. The hook travels with the model
-    to the actors, where it does nothing (``key`` is not one of theirs)."""
-    fetch = _READERS.get(key)
-    if fetch is not None:
-        fetch()
-
-
 class _RaySupervisor(Supervisor):
     """Ray actors, seen through their run references and polls."""
 
@@ -224,7 +210,6 @@ class _RaySupervisor(Supervisor):
         self.ticks = 0  # take() calls: one fetch per tick at most
         self.fetched_at = -1  # the tick of the last fetch
         self.final = False  # the final state is read: the driver's copies are the run's now
-        self.hooks: list[Any] = []
         self.hub: Any = None
         self.stop_ref: Any = None  # the hub's answer to the stop (read before it is killed)
         self.server: ManagerServer | None = None
@@ -237,7 +222,8 @@ class _RaySupervisor(Supervisor):
     def build_state(self) -> tuple[SharedState, str | None]:
         import ray
 
-        from mprl.backends.ray.transport import START_TIMEOUT_S, HubNotStarted, RayStateBuilder
+        from mprl.transport.client import START_TIMEOUT_S, Endpoint, HubBuilder, HubNotStarted
+        from mprl.transport.raylink import RayLink
 
         for child in self._children():  # their processes start (and import torch) together,
             self._new_actor(child)  # while the state is built
@@ -249,8 +235,8 @@ class _RaySupervisor(Supervisor):
             self.server = ManagerServer(address=(host, 0), authkey=self.authkey)
             manager = self.server.manager
         job = self.job
-        builder = RayStateBuilder(
-            manager, self.hub, job.model, job.algorithm.make_model,
+        builder = HubBuilder(
+            manager, Endpoint(RayLink(self.hub)), job.model, job.algorithm.make_model,
             same_host=not self.options.no_shared_memory, stopping=self._stop_requested,
         )  # fmt: skip
         try:
@@ -266,29 +252,7 @@ class _RaySupervisor(Supervisor):
             )
             who = ("trainer", -1) if trainer else ("transport hub", -1)
             raise NotStarted(Outcome("failed", [ChildFailure(*who, None, why)])) from None
-        if job.algorithm.train is not None:
-            self._hook_reads(state)
         return state, skipped
-
-    def _hook_reads(self, state: SharedState) -> None:
-        """Fetch the train process's state whenever the driver's copies are read (a
-        checkpoint, the policy check, an evaluation), and only then."""
-        import torch
-
-        key = id(self)
-        _READERS[key] = self.fetch_state
-        hook = functools.partial(_fetch_on_read, key)
-        job = self.job
-        readable = [job.model, *job.all_optimizers()]
-        readable += [v for v in vars(state).values() if isinstance(v, torch.nn.Module)]
-        self.hooks = [thing.register_state_dict_pre_hook(hook) for thing in readable]
-
-    def _unhook_reads(self) -> None:
-        self.final = True
-        _READERS.pop(id(self), None)
-        for handle in self.hooks:
-            handle.remove()
-        self.hooks = []
 
     def _hub_host(self) -> Any:
         """The actor that hosts the run's transport hub: the train process's (made before the
@@ -347,7 +311,8 @@ class _RaySupervisor(Supervisor):
             self._new_actor(child)
         child.where_ref = child.handle.where.remote()
         fn = self.job.function(child.role)
-        child.run_ref = child.handle.run.remote(fn, ctx, self._threads(child))
+        hub_host = None if child.handle is self.hub else self.hub
+        child.run_ref = child.handle.run.remote(fn, ctx, self._threads(child), hub_host)
         child.poll_ref, child.answered, child.steps, child.model_sent = None, False, 0, -1
 
     # -- seeing the children -------------------------------------------------------------------
@@ -439,11 +404,11 @@ class _RaySupervisor(Supervisor):
         if out.get("hub"):
             self.hub_info = out["hub"]
 
-    def fetch_state(self, timeout: float = CALL_TIMEOUT_S) -> None:
+    def refresh(self, timeout: float = CALL_TIMEOUT_S) -> None:
         """The train process's model, optimizers and modules of now, into the driver's copies:
-        called when they are read (once per tick at most: a checkpoint reads them all), and
-        once at the end. A train process that is gone or not started yet leaves them as they
-        were."""
+        called before the host reads them (once per tick at most: a checkpoint reads them
+        all), and once at the end. A train process that is gone or not started yet leaves them
+        as they were."""
         import ray
 
         trainer = next((c for c in self._children() if c.role.role == "trainer"), None)
@@ -548,12 +513,9 @@ class _RaySupervisor(Supervisor):
         return None, ""
 
     def discard(self, child: Child) -> None:
-        """Kill the failed actor, forget the rows it was writing, keep its steps."""
+        """Kill the failed actor (what it committed is in the hub), keep its steps."""
         assert isinstance(child, _RayChild)
         self.kill(child)
-        if self.hub is not None and child.role.role == "worker":
-            for field in _transport_fields(self.state):
-                self.hub.hub_call.remote("forget", field, child.role.rank)
         child.base_steps += child.steps
         child.steps = 0
 
@@ -582,14 +544,14 @@ class _RaySupervisor(Supervisor):
         trainer = next((c for c in self._children() if c.role.role == "trainer"), None)
         if trainer is not None:
             self.fetched_at = -1
-            self.fetch_state(CALL_TIMEOUT_S if _ready(trainer.run_ref) else STOP_GRACE_S)
-        self._unhook_reads()  # what the final checkpoint reads (the policy check's weights too)
+            self.refresh(CALL_TIMEOUT_S if _ready(trainer.run_ref) else STOP_GRACE_S)
+        self.final = True  # what the final checkpoint reads (the policy check's weights too)
         for child in self.children:
             if child.handle is not self.hub:
                 self.kill(child)
 
     def kill_all(self) -> None:
-        self._unhook_reads()
+        self.final = True
         for child in self.children:
             self.kill(child)
 
@@ -625,12 +587,6 @@ def _actor_alive(pid: int) -> bool:
         return pid > 0 and Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"ray::")
     except OSError:
         return False
-
-
-def _transport_fields(state: Any) -> list[str]:
-    from mprl.backends.ray.transport import RayRollouts
-
-    return [v.field for v in vars(state).values() if isinstance(v, RayRollouts)] if state else []
 
 
 def _ready(ref: Any) -> bool:

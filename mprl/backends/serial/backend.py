@@ -33,10 +33,10 @@ from mprl.backends import base
 from mprl.backends.base import Job, Monitor, Outcome, Role
 from mprl.backends.child import run_child
 from mprl.backends.serial.manager import InProcessManager
-from mprl.backends.tensors import TensorStateBuilder
 from mprl.context import Context, episode_record
 from mprl.run_types import ChildFailure
 from mprl.schema import SharedState
+from mprl.transport.memory import MemoryBuilder
 
 #: every live process waiting (a lock, barrier, queue or event) for this long is a deadlock
 DEADLOCK_S = 10.0
@@ -172,7 +172,7 @@ class _SerialRun:
     def __init__(self, job: Job, monitor: Monitor) -> None:
         self.job, self.monitor = job, monitor
         self.channel = _SerialChannel(self, job.initial_steps, job.run.workers + 2)
-        builder = TensorStateBuilder(
+        builder = MemoryBuilder(
             InProcessManager(self.pause), job.model, job.algorithm.make_model,
             share=False, sleep=False,
         )  # fmt: skip

@@ -1,15 +1,26 @@
-"""The schema's fields built from tensors in this machine's memory: the state builder of the
-local backend (shared memory, spawned processes) and of the serial backend (one process).
+"""The one implementation of the transport kinds: tensors in memory.
 
-Transport (after torchbeast's "monobeast"): rollout slots are preallocated tensors handed between
-workers and learner by index, weights are published under a sequence lock, a replay buffer is a
-ring of rows per worker with a sequence number per row. No lock is ever held across processes, so
-a process killed at any instruction wedges nobody; waiting sides poll, sleeping between looks (the
-local backend) or handing the turn on (the serial backend).
+Rollout slots (:class:`MemoryRollouts`) are preallocated tensors handed between workers and
+learner by index (after torchbeast's "monobeast"), weights (:class:`MemoryWeights`) are published
+under a sequence lock, a replay buffer (:class:`MemoryReplay`) is a ring of rows per worker with
+a sequence number per row, a counter (:class:`MemoryCounter`) a slot per process. No lock is
+ever held across processes, so a process killed at any instruction wedges nobody; a waiting side
+looks again between naps.
 
-Objects are built unbound in the main process; each process uses them through :meth:`bind`,
-which gives them its slot (the worker rank; ``n_workers`` for the train process) and its stop
-check (``ctx.should_stop``, which is also its heartbeat).
+The same objects serve every placement:
+
+- **shared** (the local backend): their tensors in shared memory, read and written by spawned
+  processes; a waiting call sleeps between looks;
+- **in-process** (the serial backend, :mod:`mprl.testing`): plain tensors; a waiting call hands
+  the turn to the other processes instead (its stop check does);
+- **held by a hub** (:mod:`mprl.transport.hub`, the Ray backend): in the hub's process, where
+  its learner reads them and remote workers' calls write them, or in an anonymous shared file
+  that the processes of the hub's machine map (:mod:`mprl.transport.samehost`); a waiting call
+  naps on the hub's condition, so a remote write wakes it at once.
+
+Objects are built unbound; each process uses them through :meth:`bind`, which gives them its
+slot (the worker rank; ``workers`` for the train process) and its stop check
+(``ctx.should_stop``, which is also its heartbeat).
 """
 
 from __future__ import annotations
@@ -23,41 +34,27 @@ from typing import Any
 import numpy as np
 import torch
 
-from mprl.schema import Dims, ReplayPace, RowSpec
+from mprl.schema import Dims, ReplayPace, RowSpec, _never
 
 MAX_PAUSE_S = 0.001  # the longest a waiting call sleeps between looks
 
 
-def _never() -> bool:
-    return False
-
-
-def _wait(
-    ready: Callable[[], Any], stop: Callable[[], bool], timeout: float | None, sleep: bool
-) -> Any:
-    """Call ``ready()`` until it gives a value other than ``None``; ``None`` once ``stop()`` is
-    true or on timeout. Between looks: sleeps backing off from 0.1 ms to :data:`MAX_PAUSE_S`
-    (``sleep``), or nothing (serial: ``stop()`` hands the turn to the other processes)."""
-    deadline = None if timeout is None else time.monotonic() + timeout
-    pause = 0.0001
-    while True:
-        found = ready()
-        if found is not None:
-            return found
-        if stop() or (deadline is not None and time.monotonic() >= deadline):
-            return None
-        if sleep:
-            time.sleep(pause)
-            pause = min(pause * 2, MAX_PAUSE_S)
-
-
 class _Bound:
-    """What every transport object has: a process binding, and numpy views of its counters
-    made again in each process (they do not pickle)."""
+    """What every transport object has: a process binding, numpy views of its counters made
+    again in each process (they do not pickle), and how it waits."""
 
     _slot = -1
     _stop: Callable[[], bool] = staticmethod(_never)
+    #: a waiting call naps between looks (``False``: serial, where the stop check hands the
+    #: turn on instead)
     _sleep = True
+    #: how a waiting call naps: ``time.sleep``, or a hub's condition (a remote write wakes it)
+    _nap: Callable[[float], Any] = staticmethod(time.sleep)
+    #: held by a hub: called ``(event, field, rank)`` after a change that a waiting call of
+    #: another process may wait for (:class:`mprl.transport.hub.Hub`)
+    _changed: Callable[[str, str, int], Any] | None = None
+    _field = ""
+    _shared: tuple[str, ...] = ()
 
     def bind(self, slot: int, stop: Callable[[], bool]) -> Any:
         """This object as process ``slot`` uses it; its waits end once ``stop()`` is true."""
@@ -69,14 +66,37 @@ class _Bound:
     def _local(self) -> None:
         """Set up what is per process (views, cursors, caches)."""
 
-    def __getstate__(self) -> dict[str, Any]:
+    def __getstate__(self) -> dict[str, Any]:  # to another process: what it shares
         return {k: v for k, v in self.__dict__.items() if k in self._shared}
+
+    def __copy__(self) -> Any:  # in this process (bind): everything, a hub's wiring too
+        copied = type(self).__new__(type(self))
+        copied.__dict__.update(self.__dict__)
+        return copied
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._local()
 
-    _shared: tuple[str, ...] = ()
+    def _notify(self, event: str, rank: int = -1) -> None:
+        if self._changed is not None:
+            self._changed(event, self._field, rank)
+
+    def _wait(self, ready: Callable[[], Any], timeout: float | None) -> Any:
+        """Call ``ready()`` until it gives a value other than ``None``; ``None`` once the stop
+        check is true, or on timeout. Between looks it naps, backing off from 0.1 ms to
+        :data:`MAX_PAUSE_S` (or, serial, only the stop check: it hands the turn on)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pause = 0.0001
+        while True:
+            found = ready()
+            if found is not None:
+                return found
+            if self._stop() or (deadline is not None and time.monotonic() >= deadline):
+                return None
+            if self._sleep:
+                self._nap(pause)
+                pause = min(pause * 2, MAX_PAUSE_S)
 
 
 def _share(t: torch.Tensor, share: bool) -> torch.Tensor:
@@ -86,7 +106,7 @@ def _share(t: torch.Tensor, share: bool) -> torch.Tensor:
 FREE, FULL, TAKEN = 0, 1, -1  # a rollout slot's states; TAKEN: the learner is copying it
 
 
-class TensorRollouts(_Bound):
+class MemoryRollouts(_Bound):
     """:class:`mprl.transport.RolloutSlots` over tensors.
 
     Each slot belongs to one rank and has a state, ``FREE``, ``FULL`` or ``TAKEN``. Only the
@@ -129,7 +149,7 @@ class TensorRollouts(_Bound):
         def ready() -> int | None:
             return index if self._state_np[index] == FREE else None
 
-        found = _wait(ready, self._stop, timeout, self._sleep)
+        found = self._wait(ready, timeout)
         if found is not None:
             self._cursor = (self._cursor + 1) % self.slots_per_worker
         return found
@@ -138,6 +158,7 @@ class TensorRollouts(_Bound):
         self.buffers["source"][index] = index // self.slots_per_worker
         self._seq_np[index] = time.monotonic_ns()
         self._state_np[index] = FULL  # after the data and the order: the learner reads it next
+        self._notify("arrived")
 
     def take(self, timeout: float | None = None) -> int | None:
         """Learner: the oldest committed slot, marked taken; give it back with :meth:`release`."""
@@ -146,7 +167,7 @@ class TensorRollouts(_Bound):
             full = np.flatnonzero(self._state_np == FULL)
             return int(full[np.argmin(self._seq_np[full])]) if full.size else None
 
-        index = _wait(ready, self._stop, timeout, self._sleep)
+        index = self._wait(ready, timeout)
         if index is not None:
             self._state_np[index] = TAKEN  # neither free nor offered again
         return index
@@ -154,6 +175,12 @@ class TensorRollouts(_Bound):
     def release(self, index: int) -> None:
         """Learner: give a slot back to its worker once its data has been used."""
         self._state_np[index] = FREE
+        self._notify("room", index // self.slots_per_worker)
+
+    def free_slots(self, rank: int) -> int:
+        """How many of ``rank``'s slots are free now."""
+        per = self.slots_per_worker
+        return int((self._state_np[rank * per : (rank + 1) * per] == FREE).sum())
 
     def take_batch(self, n: int, timeout: float | None = None) -> dict[str, torch.Tensor] | None:
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -172,14 +199,24 @@ class TensorRollouts(_Bound):
         }
 
 
-def _floating(module: torch.nn.Module) -> list[torch.Tensor]:
+def published_tensors(module: torch.nn.Module) -> list[torch.Tensor]:
     """What a published model consists of: its parameters and its floating-point buffers
     (running statistics), in a fixed order."""
     buffers = [b for b in module.buffers() if b.is_floating_point()]
     return [*module.parameters(), *buffers]
 
 
-class TensorWeights(_Bound):
+class TensorHolder(torch.nn.Module):
+    """Tensors in :func:`published_tensors`'s order as a module's buffers: the published
+    weights where they are kept apart from any model (a hub's)."""
+
+    def __init__(self, tensors: Sequence[torch.Tensor]) -> None:
+        super().__init__()
+        for i, t in enumerate(tensors):
+            self.register_buffer(f"t{i}", t)
+
+
+class MemoryWeights(_Bound):
     """:class:`mprl.transport.WeightBroadcast` over the run's model in shared memory.
 
     A sequence lock: the counter is odd while the learner writes, so a reader that saw it change
@@ -199,11 +236,11 @@ class TensorWeights(_Bound):
         # (the model of the last call, its tensors): listing the parameters of a small model
         # costs as much as copying them
         self._cache: tuple[Any, list[torch.Tensor]] | None = None
-        self._shared_tensors = _floating(self._model)
+        self._shared_tensors = published_tensors(self._model)
 
     def _tensors(self, model: torch.nn.Module) -> list[torch.Tensor]:
         if self._cache is None or self._cache[0] is not model:
-            self._cache = (model, _floating(model))
+            self._cache = (model, published_tensors(model))
         return self._cache[1]
 
     @property
@@ -223,13 +260,14 @@ class TensorWeights(_Bound):
                         dst.copy_(src)
         finally:
             self._seq_np[0] += 1
+            self._notify("published")
 
     def wait(self, newer_than: int, timeout: float | None = None) -> int | None:
         def ready() -> int | None:
             seq = int(self._seq_np[0])
             return seq // 2 if seq % 2 == 0 and seq // 2 > newer_than else None
 
-        version = _wait(ready, self._stop, timeout, self._sleep)
+        version = self._wait(ready, timeout)
         # after the look: a learner publishes only after it saw the stop
         return None if version is None or self._stop() else version
 
@@ -250,14 +288,26 @@ class TensorWeights(_Bound):
             if int(self._seq_np[0]) == before:
                 return before // 2
 
+    def read(self) -> tuple[int, list[np.ndarray]]:
+        """The newest published version and copies of its tensors, read whole."""
+        while True:
+            before = int(self._seq_np[0])
+            if before % 2:
+                time.sleep(0)
+                continue
+            arrays = [t.detach().numpy().copy() for t in self._shared_tensors]
+            if int(self._seq_np[0]) == before:
+                return before // 2, arrays
+
     def put(self, tensors: Sequence[torch.Tensor | np.ndarray], version: int) -> None:
-        """Copy ``tensors`` (a model's, :func:`_floating`'s order) in as ``version``: for a
-        publisher that numbers the versions itself (the Ray backend's hub)."""
+        """Copy ``tensors`` (a model's, :func:`published_tensors`'s order) in as ``version``: for a
+        publisher that numbers the versions itself (a hub's remote learner)."""
         self._seq_np[0] = 2 * version - 1  # odd: a write is in progress
         with torch.no_grad():
             for dst, src in zip(self._shared_tensors, tensors, strict=True):
                 dst.copy_(src if isinstance(src, torch.Tensor) else torch.from_numpy(src))
         self._seq_np[0] = 2 * version
+        self._notify("published")
 
     def state(self) -> dict[str, int]:
         return {"version": self.version}
@@ -266,7 +316,7 @@ class TensorWeights(_Bound):
         self._seq_np[0] = 2 * int(state["version"])
 
 
-class TensorReplay(_Bound):
+class MemoryReplay(_Bound):
     """:class:`mprl.transport.ReplayStore` over tensors.
 
     Worker ``w`` owns rows ``[w * per, (w + 1) * per)`` and writes them as a ring; ``heads[w]``
@@ -328,16 +378,18 @@ class TensorReplay(_Bound):
         """``(added, sampled, want)``: what the pace decides on."""
         return self.added(), self.sampled(), int(self._want_np[0])
 
-    def _count_sample(self, n: int) -> None:
+    def count_sample(self, n: int) -> None:
+        """Count ``n`` rows sampled by this process (a declared replay ratio's count)."""
         self._want_np[0] = n
         self._sampled_np[min(max(self._slot, 0), self.workers)] += n
+        self._notify("sampled")
 
     def wait_size(self, n: int, timeout: float | None = None) -> int | None:
         def ready() -> int | None:
             size = self.size()
             return size if size >= n else None
 
-        return _wait(ready, self._stop, timeout, self._sleep)
+        return self._wait(ready, timeout)
 
     # -- rows ----------------------------------------------------------------------------------
 
@@ -350,7 +402,7 @@ class TensorReplay(_Bound):
             def room() -> bool | None:
                 return True if pace.worker_resumes(*self.counts()) else None
 
-            _wait(room, self._stop, None, self._sleep)  # stopping: the rows go in all the same
+            self._wait(room, None)  # stopping: the rows go in all the same
         self.write(self._slot, rows)
 
     def write(self, rank: int, rows: Mapping[str, Any]) -> None:
@@ -393,6 +445,7 @@ class TensorReplay(_Bound):
         for rows_at, _ in parts:
             self._stamps_np[rows_at] += 1  # even: complete
         self._heads_np[rank] = head + n  # after the rows: they are visible from here on
+        self._notify("arrived")
 
     def _sizes(self) -> np.ndarray:
         return np.minimum(self._heads_np, self.per_worker)
@@ -410,9 +463,9 @@ class TensorReplay(_Bound):
             def allowed() -> bool | None:
                 return None if pace.learner_waits(*self.counts()) else True
 
-            if _wait(allowed, self._stop, None, self._sleep) is None:
+            if self._wait(allowed, None) is None:
                 return None
-            self._count_sample(n)
+            self.count_sample(n)
         return self.draw(n, generator)
 
     def draw(
@@ -476,7 +529,7 @@ class TensorReplay(_Bound):
         return max(0, sampled - round(pace.ratio * (int(state["added"]) - added)))
 
 
-class TensorCounter(_Bound):
+class MemoryCounter(_Bound):
     """:class:`mprl.transport.SharedCounter`: a slot per process, and one for the count of
     earlier sessions; each process writes only its own, so no lock is needed."""
 
@@ -503,7 +556,7 @@ class TensorCounter(_Bound):
         self._np[-1] = int(value)
 
 
-class TensorStateBuilder:
+class MemoryBuilder:
     """Builds a schema's fields for processes that share this machine's memory.
 
     :param manager: a started ``SyncManager`` (local) or an in-process one (serial); ``None``
@@ -529,19 +582,19 @@ class TensorStateBuilder:
     def tensor(self, shape: tuple[int, ...], dtype: torch.dtype, fill: float) -> torch.Tensor:
         return _share(torch.full(shape, fill, dtype=dtype), self.share)
 
-    def rollouts(self, spec: RowSpec, workers: int, slots_per_worker: int) -> TensorRollouts:
-        return TensorRollouts(spec, workers, slots_per_worker, self.share, self.sleep)
+    def rollouts(self, spec: RowSpec, workers: int, slots_per_worker: int) -> MemoryRollouts:
+        return MemoryRollouts(spec, workers, slots_per_worker, self.share, self.sleep)
 
-    def weights(self) -> TensorWeights:
-        return TensorWeights(self.model, self.share, self.sleep)
+    def weights(self) -> MemoryWeights:
+        return MemoryWeights(self.model, self.share, self.sleep)
 
     def replay(
         self, row: RowSpec, capacity: int, workers: int, pace: ReplayPace | None = None
-    ) -> TensorReplay:
-        return TensorReplay(row, capacity, workers, self.share, self.sleep, pace)
+    ) -> MemoryReplay:
+        return MemoryReplay(row, capacity, workers, self.share, self.sleep, pace)
 
-    def counter(self, processes: int) -> TensorCounter:
-        return TensorCounter(processes, self.share)
+    def counter(self, processes: int) -> MemoryCounter:
+        return MemoryCounter(processes, self.share)
 
     def module(self, make: Callable[..., torch.nn.Module] | None, dims: Dims) -> torch.nn.Module:
         module = (make or self.make_model)(dims.observation_space, dims.action_space, dims.config)

@@ -1,24 +1,23 @@
-"""Rollouts and weights in shared memory between the processes of a Ray run on one machine.
+"""A hub's transport fields in memory that the processes of its machine map.
 
-A worker on the same machine as the run's hub (the train process's actor) hands its rollouts
-over and reads the newest weights the way the local backend's processes do
-(:class:`~mprl.backends.tensors.TensorRollouts`, :class:`~mprl.backends.tensors.TensorWeights`),
-with no Ray call per rollout: on a machine whose cores are all busy, that call and its answer
-cost a worker about a fifth of its time (see benchmarks/README.md, "Workers on the learner's
-machine: shared memory").
+A process on the same machine as the run's hub (on Ray, the train process) uses the hub's own
+objects (:mod:`mprl.transport.memory`), mapped into its process, as the local backend's
+processes do: a worker hands its rollouts over, reads the newest weights and adds replay rows
+with no call. On a machine whose cores are all busy, a call and its answer cost a worker about
+a fifth of its time (see benchmarks/README.md, "Workers on the learner's machine: shared
+memory").
 
 The hub's process lays a field's tensors out in an anonymous file (``memfd_create``) and keeps
 it open; the field's :class:`Arena` (pickled with the field to every process) says where. A
 process maps it through ``/proc/<hub pid>/fd/<fd>``, and uses it only when it is on the same
 boot of the same machine and the file starts with the arena's random token: a process on another
-node (or in another container, with other pids) finds no such file, or another one, and goes
-through Ray. No name is ever made, so nothing is left in ``/dev/shm`` however the run ends: the
+node (or in another container, with other pids) finds no such file, or another one, and calls
+the hub. No name is ever made, so nothing is left in ``/dev/shm`` however the run ends: the
 memory is freed with the last process that maps it.
 """
 
 from __future__ import annotations
 
-import functools
 import mmap
 import os
 import secrets
@@ -30,13 +29,17 @@ import attrs
 import numpy as np
 import torch
 
-from mprl.backends.tensors import TensorRollouts, TensorWeights, _floating
+from mprl.transport.memory import (
+    MemoryRollouts,
+    MemoryWeights,
+    TensorHolder,
+    published_tensors,
+)
 
 ALIGN = 64  # every tensor starts on a cache line
 TOKEN_BYTES = 16
 
 
-@functools.cache
 def boot_id() -> str:
     """This boot of this machine ("" where the system does not say)."""
     try:
@@ -59,16 +62,6 @@ class Arena:
     layout: dict[str, Any]
 
 
-class _Holder(torch.nn.Module):
-    """A published model's tensors (:func:`~mprl.backends.tensors._floating`'s order) as the
-    buffers of a module, for :class:`TensorWeights`."""
-
-    def __init__(self, tensors: list[torch.Tensor]) -> None:
-        super().__init__()
-        for i, t in enumerate(tensors):
-            self.register_buffer(f"t{i}", t)
-
-
 def _plan(value: Any, offset: list[int]) -> Any:
     """``value``'s layout: each tensor's ``(offset, shape, dtype)``, placed from ``offset[0]``."""
     if isinstance(value, torch.Tensor):
@@ -76,7 +69,7 @@ def _plan(value: Any, offset: list[int]) -> Any:
         offset[0] = at + value.numel() * value.element_size()
         return ("tensor", at, tuple(value.shape), value.dtype)
     if isinstance(value, torch.nn.Module):
-        return ("module", [_plan(t, offset) for t in _floating(value)])
+        return ("module", [_plan(t, offset) for t in published_tensors(value)])
     if isinstance(value, dict):
         return ("dict", {k: _plan(v, offset) for k, v in value.items()})
     return ("value", value)
@@ -89,7 +82,7 @@ def _build(plan: Any, base: torch.Tensor) -> Any:
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         return base[at : at + nbytes].view(dtype).view(shape)
     if kind == "module":
-        return _Holder([_build(p, base) for p in plan[1]])
+        return TensorHolder([_build(p, base) for p in plan[1]])
     if kind == "dict":
         return {k: _build(p, base) for k, p in plan[1].items()}
     return plan[1]
@@ -99,7 +92,7 @@ def _copy(dst: Any, src: Any) -> None:
     if isinstance(src, torch.Tensor):
         dst.copy_(src)
     elif isinstance(src, torch.nn.Module):
-        for d, s in zip(_floating(dst), _floating(src), strict=True):
+        for d, s in zip(published_tensors(dst), published_tensors(src), strict=True):
             d.copy_(s)
     elif isinstance(src, dict):
         for k in src:
@@ -114,7 +107,7 @@ def _rebuild(kind: type, view: mmap.mmap, layout: Mapping[str, Any]) -> Any:
     return obj
 
 
-def make(obj: TensorRollouts | TensorWeights) -> tuple[Arena, Any] | None:
+def make(obj: MemoryRollouts | MemoryWeights) -> tuple[Arena, Any] | None:
     """Move ``obj`` (made with ``share=False``) into a new arena of this process: the arena,
     and ``obj`` rebuilt over it. ``None`` where this system has no ``memfd_create``."""
     if not hasattr(os, "memfd_create") or not boot_id():
