@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
+import pickle
 import sysconfig
 from collections.abc import Callable, Generator, Sequence
 from pathlib import Path
@@ -140,8 +141,10 @@ class EnvFactory:
     :class:`mprl.Context`. It remembers which plugin made each env id in this process; pickled
     into a spawned process, it brings only that plugin there, imported by name, and the core's
     env plugin: a child loads no other plugin, so a broken or slow one costs it nothing. An id
-    not made here, or a plugin that cannot be imported by name (an object registered in code),
-    gets every installed plugin there (the run's blocked ones left out)."""
+    gymnasium made from an entry of its registry that a plugin added as it was imported is added
+    to the child's registry too. An id not made here, or a plugin that cannot be imported by name
+    (an object registered in code), gets every installed plugin there (the run's blocked ones
+    left out)."""
 
     def __init__(self, pm: PluginManager) -> None:
         self._pm: PluginManager | None = pm
@@ -149,14 +152,34 @@ class EnvFactory:
         #: env id -> (plugin name, what imports it: ``module`` or ``module:attribute``), or
         #: None where the plugin cannot be imported by name
         self.makers: dict[str, tuple[str, str] | None] = {}
+        #: env id -> the gymnasium registry's entry its env was made from
+        self.specs: dict[str, Any] = {}
         self._children: dict[tuple[str, str] | None, PluginManager] = {}
 
     def __call__(self, env_id: str, **kwargs: Any) -> gym.Env:
-        pm = self._pm if self._pm is not None else self._plugins_for(env_id)
-        env, plugin = _make(pm, env_id, **kwargs)
-        if self._pm is not None and env_id not in self.makers:
-            self.makers[env_id] = _importable(pm, plugin)
+        if self._pm is None:
+            return self._in_child(env_id, kwargs)
+        env, plugin = _make(self._pm, env_id, **kwargs)
+        if env_id not in self.makers:
+            self.makers[env_id] = _importable(self._pm, plugin)
+            spec = gym.registry.get(getattr(env.spec, "id", None) or "")
+            try:
+                pickle.dumps(spec)  # it goes to the children with this factory
+                self.specs[env_id] = spec
+            except Exception:  # an entry with kwargs of its own: the child imports everything
+                self.makers[env_id] = None
         return env
+
+    def _in_child(self, env_id: str, kwargs: dict[str, Any]) -> gym.Env:
+        pm = self._plugins_for(env_id)
+        try:
+            return _make(pm, env_id, **kwargs)[0]
+        except UsageError:
+            spec = self.specs.get(env_id)
+            if spec is None or spec.id in gym.registry:
+                raise
+            gym.registry[spec.id] = spec  # the main process's, added there by a plugin's import
+            return _make(pm, env_id, **kwargs)[0]
 
     def _plugins_for(self, env_id: str) -> PluginManager:
         """In a spawned process: the plugins that made ``env_id`` in the main process."""
@@ -175,7 +198,8 @@ class EnvFactory:
         return self._children[maker]
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"_pm": None, "blocked": self.blocked, "makers": self.makers, "_children": {}}
+        state = {"blocked": self.blocked, "makers": self.makers, "specs": self.specs}
+        return {**state, "_pm": None, "_children": {}}
 
 
 def _importable(pm: PluginManager, name: str) -> tuple[str, str] | None:

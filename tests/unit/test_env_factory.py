@@ -42,15 +42,17 @@ def spy(installed, tmp_path, monkeypatch):
     return marks
 
 
-def test_a_child_imports_only_the_plugin_that_made_the_env(spy):
+def test_a_child_imports_only_the_plugin_that_made_the_env(spy, monkeypatch):
     pm = get_plugin_manager()  # the main process: every installed plugin, the spy failing
     assert spy.read_text().count("\n") == 1 and "spy" in {f.name for f in pm.failed}
     factory = EnvFactory(pm)
     assert type(factory("Corridor-v0").unwrapped).__name__ == "Corridor"
     assert type(factory("CartPole-v1", seed=1).unwrapped).__name__ == "CartPoleEnv"
+    assert factory("OldStyle-v0").spec.id == "OldStyle-v0"  # testplugin registers it on import
     assert factory.makers == {
         "Corridor-v0": ("testplugin", "mprl_testplugin"),
         "CartPole-v1": (ENV_PLUGIN, ENV_PLUGIN),
+        "OldStyle-v0": (ENV_PLUGIN, ENV_PLUGIN),  # gymnasium made it, from its registry
     }
     spy.unlink()
 
@@ -58,6 +60,8 @@ def test_a_child_imports_only_the_plugin_that_made_the_env(spy):
     env = child("Corridor-v0", seed=3, rank=0, index=1)
     assert type(env.unwrapped).__name__ == "Corridor" and env.observation_space.shape == (1,)
     assert child("CartPole-v1", rank=1).spec.id == "CartPole-v1"
+    monkeypatch.delitem(gym.registry, "OldStyle-v0")  # as in a process that never imported it
+    assert type(child("OldStyle-v0").unwrapped).__name__ == "Corridor"  # the entry came along
     assert not spy.exists()  # no process but the main one imported the spy
     loaded = {
         key: sorted(n for n, _ in pm_.list_name_plugin()) for key, pm_ in child._children.items()
