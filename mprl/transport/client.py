@@ -30,7 +30,7 @@ import torch
 
 from mprl.schema import Dims, ReplayPace, RowSpec, SharedState, _never
 from mprl.transport import samehost
-from mprl.transport.memory import published_tensors
+from mprl.transport.memory import copy_in, published_tensors
 
 if TYPE_CHECKING:
     from mprl.transport.hub import Hub, Info
@@ -334,8 +334,7 @@ class HubRollouts(_HubField):
         store = self._store()
         if store is not None:
             return store.take_batch(n, timeout)
-        batch = self._waiting(lambda s: self._call("take_batch", n, s), timeout)
-        return None if batch is None else {k: torch.from_numpy(v) for k, v in batch.items()}
+        return self._waiting(lambda s: self._call("take_batch", n, s), timeout)
 
 
 class HubWeights(_HubField):
@@ -398,7 +397,7 @@ class HubWeights(_HubField):
         endpoint.seen[field] = max(version, endpoint.seen.get(field, -1))
         with torch.no_grad():
             for dst, src in zip(published_tensors(model), arrays, strict=True):
-                dst.copy_(torch.from_numpy(np.asarray(src)))
+                copy_in(dst, src)
         self._version = version
         return version
 
@@ -437,10 +436,12 @@ class HubCounter(_HubField):
         store = self._store()
         if store is not None:
             return store.value
-        known = self.endpoint.info["counters"]
-        if self._slot < 0 or self.field not in known:  # the driver, or unknown yet
-            return int(self.endpoint.get(self._call("value")))
-        return known[self.field] + self.endpoint.counters.get(self.field, 0)
+        endpoint = self.endpoint
+        mine = endpoint.counters.get(self.field, 0)  # added here, not sent yet
+        known = endpoint.info["counters"].get(self.field)
+        if self._slot < 0 or known is None:  # the driver, or unknown yet
+            return int(endpoint.get(self._call("value"))) + mine
+        return known + mine
 
     def load(self, value: int) -> None:
         self.endpoint.get(self._call("load_counter", int(value)))
@@ -506,7 +507,9 @@ class HubReplay(_HubField):
         store = self._store()
         if store is not None:
             return store.sample(n, generator)
-        return self.endpoint.get(self._call("sample", self._slot, n))
+        if self.pace is None:  # never waits: drawn at once
+            return self.endpoint.get(self._call("sample", self._slot, n, 0.0))
+        return self._waiting(lambda s: self._call("sample", self._slot, n, s), None)
 
     def state(self) -> dict[str, Any]:
         return self.endpoint.get(self._call("replay_state"), 600.0)

@@ -32,6 +32,7 @@ from mprl.transport.memory import (
     MemoryRollouts,
     MemoryWeights,
     TensorHolder,
+    copy_in,
 )
 
 #: the longest one wait lasts once the run is stopping (a wait then only finishes its look)
@@ -189,7 +190,7 @@ class Hub:
         if index is not None:
             slot = view.slot(index)
             for name, value in data.items():
-                slot[name].copy_(torch.from_numpy(np.asarray(value)))
+                copy_in(slot[name], value)
             view.commit(index)
         newer = {}
         for name, version in have.items():
@@ -198,11 +199,10 @@ class Hub:
                 newer[name] = found
         return view.free_slots(rank), newer, self.info()
 
-    def take_batch(self, field: str, n: int, timeout: float) -> dict[str, np.ndarray] | None:
+    def take_batch(self, field: str, n: int, timeout: float) -> dict[str, torch.Tensor] | None:
         """A remote learner's batch (see :meth:`mprl.transport.RolloutSlots.take_batch`)."""
         store = self.fields[field]
-        batch = self._view(field, store.workers).take_batch(n, timeout)  # type: ignore[union-attr]
-        return None if batch is None else {k: v.numpy() for k, v in batch.items()}
+        return self._view(field, store.workers).take_batch(n, timeout)  # type: ignore[union-attr]
 
     # -- weights -------------------------------------------------------------------------------
 
@@ -282,13 +282,12 @@ class Hub:
         return self._until(lambda: store.size() if store.size() >= n else None, timeout,
                            "arrived", "")  # fmt: skip
 
-    def sample(self, field: str, rank: int, n: int) -> dict[str, torch.Tensor] | None:
-        """A remote process's sample: drawn as it is, counted, never waiting (a declared ratio
-        paces the learner, who samples in the hub's process)."""
-        store: MemoryReplay = self.fields[field]  # type: ignore[assignment]
-        if store.pace is not None:
-            self._view(field, rank).count_sample(n)
-        return store.draw(n)
+    def sample(
+        self, field: str, rank: int, n: int, timeout: float
+    ) -> dict[str, torch.Tensor] | None:
+        """A remote process's sample, waiting up to ``timeout`` for a declared ratio to allow
+        it (``None`` then); without one, drawn at once (``None`` while the buffer is empty)."""
+        return self._view(field, rank).sample(n, timeout=timeout)
 
     def replay_room(self, field: str, timeout: float) -> Info | None:
         """A remote worker ahead of the replay ratio waits here until it may go on; the

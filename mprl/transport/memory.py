@@ -206,6 +206,15 @@ def published_tensors(module: torch.nn.Module) -> list[torch.Tensor]:
     return [*module.parameters(), *buffers]
 
 
+def copy_in(dst: torch.Tensor, src: torch.Tensor | np.ndarray) -> None:
+    """Copy ``src`` into ``dst`` (on the CPU for an array, which may be a read-only view of
+    what a call brought: Ray's zero-copy arrays)."""
+    if isinstance(src, torch.Tensor):
+        dst.copy_(src)
+    else:
+        np.copyto(dst.detach().numpy(), src)
+
+
 class TensorHolder(torch.nn.Module):
     """Tensors in :func:`published_tensors`'s order as a module's buffers: the published
     weights where they are kept apart from any model (a hub's)."""
@@ -305,7 +314,7 @@ class MemoryWeights(_Bound):
         self._seq_np[0] = 2 * version - 1  # odd: a write is in progress
         with torch.no_grad():
             for dst, src in zip(self._shared_tensors, tensors, strict=True):
-                dst.copy_(src if isinstance(src, torch.Tensor) else torch.from_numpy(src))
+                copy_in(dst, src)
         self._seq_np[0] = 2 * version
         self._notify("published")
 
@@ -454,8 +463,10 @@ class MemoryReplay(_Bound):
         return int(self._sizes().sum())
 
     def sample(
-        self, n: int, generator: torch.Generator | None = None
+        self, n: int, generator: torch.Generator | None = None, timeout: float | None = None
     ) -> dict[str, torch.Tensor] | None:
+        """As :meth:`mprl.transport.ReplayStore.sample`; ``timeout``: ``None`` after that long
+        waiting for the ratio (a hub's slice of a remote caller's wait)."""
         pace = self.pace
         if pace is not None:
             self._want_np[0] = n  # before waiting: the workers' bound counts on this batch
@@ -463,7 +474,7 @@ class MemoryReplay(_Bound):
             def allowed() -> bool | None:
                 return None if pace.learner_waits(*self.counts()) else True
 
-            if self._wait(allowed, None) is None:
+            if self._wait(allowed, timeout) is None:
                 return None
             self.count_sample(n)
         return self.draw(n, generator)

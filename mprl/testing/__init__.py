@@ -50,7 +50,39 @@ from mprl.host.plugins import PluginManager, get_plugin_manager
 from mprl.host.runner import run
 from mprl.run_types import RunConfig, Summary
 from mprl.schema import Dims, Schema, SharedState
+from mprl.testing.transport import (
+    HubInProcess,
+    HubOverRay,
+    InProcess,
+    Placement,
+    SharedMemory,
+    TransportContract,
+)
 from mprl.transport.memory import MemoryBuilder
+
+__all__ = [
+    "BENCH_TIMEOUT_S",
+    "Bench",
+    "HookCall",
+    "HookRecorder",
+    "HubInProcess",
+    "HubOverRay",
+    "InProcess",
+    "Placement",
+    "SerialResult",
+    "SharedMemory",
+    "TransportContract",
+    "build_state",
+    "call_hook",
+    "mprl_bench",
+    "mprl_pm",
+    "mprl_recorder",
+    "mprl_serial",
+    "mprl_state",
+    "plugin_manager",
+    "registered",
+    "run_serial",
+]
 
 
 def plugin_manager(*plugins: object, builtins: bool = True) -> PluginManager:
