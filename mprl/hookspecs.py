@@ -199,8 +199,9 @@ def mprl_check_env(run: RunConfig) -> None:
     """Refuse, before anything starts, a run whose env cannot be made as its options ask.
 
     The options: ``--env``, ``--env-batch``, a plugin's own. Called in the main process when a
-    run, a resume or :func:`mprl.load` resolves its run options, before any env is made. The built-in implementation refuses
-    ``--env-batch envpool`` for an env EnvPool does not have, or without EnvPool installed.
+    run, a resume or :func:`mprl.load` resolves its run options, before any env is made. The
+    built-in implementation refuses ``--env-batch envpool`` for an env EnvPool does not have, or
+    without EnvPool installed.
 
     :param run: the run's options, with ``run.env`` the env id the run will make.
     :returns: nothing; raise :class:`mprl.errors.UsageError` with one line naming the option
