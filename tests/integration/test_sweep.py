@@ -8,9 +8,8 @@ import json
 import signal
 import subprocess
 import sys
-import time
 
-from tests.conftest import cli, wait_until
+from tests.conftest import cli, read_metrics, wait_until
 
 TINY = ["--plugin", "a3c", "--workers", "1"]
 
@@ -55,16 +54,17 @@ def test_a_grid_sweep_end_to_end(tmp_path):
 
 def test_a_sweep_stopped_with_sigint_resumes_where_it_was(tmp_path):
     root = tmp_path / "sw"
-    args = ["sweep", *TINY, "--total-steps", "500", "--grid", "lr=1e-3,3e-4", "--seeds", "1", "--parallel", "1",
+    # runs long enough to be stopped in the middle: the second is stopped once it has logged an
+    # episode (a 500-step run was over before a fixed pause after its start ended)
+    args = ["sweep", *TINY, "--total-steps", "20000", "--grid", "lr=1e-3,3e-4", "--seeds", "1", "--parallel", "1",
             "--sweep-dir", str(root)]  # fmt: skip
     proc = subprocess.Popen([sys.executable, "-m", "mprl", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)  # fmt: skip
-    first = root / "trials" / "lr=1e-3-seed0"
+    first, second = root / "trials" / "lr=1e-3-seed0", root / "trials" / "lr=3e-4-seed0"
     try:
         wait_until(lambda: (first / "summary.json").exists(), "the first run's summary", 90)
-        wait_until(lambda: (root / "trials" / "lr=3e-4-seed0").exists() or proc.poll() is not None,
-                   "the second run to start", 30)  # fmt: skip
-        time.sleep(0.5)
+        wait_until(lambda: any("episode_return" in r for r in read_metrics(second))
+                   or proc.poll() is not None, "the second run's first episode", 90)  # fmt: skip
         proc.send_signal(signal.SIGINT)
         err = proc.communicate(timeout=60)[1]
     finally:
@@ -73,7 +73,6 @@ def test_a_sweep_stopped_with_sigint_resumes_where_it_was(tmp_path):
             proc.communicate()
     assert proc.returncode == 130, err
     assert f"continue with: python -m mprl sweep --resume {root}" in err
-    second = root / "trials" / "lr=3e-4-seed0"
     assert not (second / "summary.json").exists() or summary(second)["status"] == "interrupted"
     kept = (first / "summary.json").read_bytes(), (first / "summary.json").stat().st_mtime_ns
     resumed = cli("sweep", "--resume", str(root), timeout=90)
