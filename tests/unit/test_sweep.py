@@ -242,3 +242,21 @@ def test_help_says_what_seeds_take(capsys):
         main(["sweep", "--help"])
     out = capsys.readouterr().out
     assert "a range 0-9" in out and "a list 0,3,7" in out and "--total-steps" in out
+
+
+def test_the_old_module_gives_each_name_with_a_warning_naming_its_new_place():
+    import re
+
+    from mprl import deprecated
+    from mprl.deprecated import MprlDeprecationWarning
+
+    moved = deprecated.MOVED_SINCE_0_1_0["mprl.tools.sweep"]
+    assert {"Spec", "make_spec", "run_sweep", "write_results", "Sweep"} <= set(moved)
+    for name, place in moved.items():
+        new = re.escape(place.replace(":", "."))
+        with pytest.warns(MprlDeprecationWarning, match=rf"^mprl\.tools\.sweep\.{name} is "
+                          rf"deprecated: use {new} instead; .* goes away in mprl 0\.3\.0$"):  # fmt: skip
+            exec(f"from mprl.tools.sweep import {name} as found", namespace := {})
+        assert namespace["found"] is deprecated.resolve(place)
+    with pytest.raises(ImportError, match="cannot import name 'nothing'"):
+        exec("from mprl.tools.sweep import nothing")
