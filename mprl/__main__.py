@@ -1,12 +1,12 @@
 import sys
 
 if __name__ == "__main__":  # not in a spawned child, which imports this as __mp_main__
-    from mprl.backends import forkserver, ray_start
+    from mprl import startup
 
-    # `python -m mprl run`: the children's forkserver imports torch on another core while
-    # this process does, or Ray starts on this machine meanwhile (`--backend ray`; nothing
-    # heavy is imported before this line)
-    forkserver.start_early(sys.argv[1:]) or ray_start.start_early(sys.argv[1:])
+    # `python -m mprl run`: what the run's backend can start before this process imports torch
+    # (the local backend's forkserver imports torch on another core meanwhile; the Ray
+    # backend's Ray starts on this machine): nothing heavy is imported before this line
+    startup.start_early(sys.argv[1:])
 
     import gc
 

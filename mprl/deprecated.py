@@ -76,7 +76,8 @@ MOVED: dict[str, dict[str, str]] = {
     "mprl.hookspecs": _same("mprl.deprecated", "mprl_make_backend"),
     "mprl.local": {
         **_same("mprl.backends.local", "LocalBackend"),
-        **_same("mprl.backends.local.backend", "KILL_GRACE_S STOP_GRACE_S threads_per_child"),
+        **_same("mprl.backends.local.backend", "threads_per_child"),
+        "STOP_GRACE_S": "mprl.backends.supervisor:Supervisor.stop_grace_s",
         **_same("mprl.backends.local.channel", "LocalChannel"),
         **_same("mprl.backends.base", "TICK_S"),
         **_same("mprl.backends.processes", "PARENT_DIED_EXIT"),
@@ -121,7 +122,7 @@ MOVED: dict[str, dict[str, str]] = {
     "mprl.serial": {
         **_same("mprl.backends.serial", "InProcessManager SerialBackend"),
         **_same("mprl.backends.serial.backend", "DEADLOCK_S"),
-        **_same("mprl.backends.serial.manager", "Pause"),
+        **_same("mprl.backends.inprocess", "Pause"),
         **_same("mprl.backends.base", "TICK_S"),
     },
     "mprl.stats": _same("mprl.host.stats", "WINDOW RunStats Snapshot"),
@@ -166,6 +167,9 @@ _SCHEMA_KINDS = "mprl.schema.Rollouts, Weights, ReplayBuffer, Counter or Module"
 
 #: ``{old name: what to do instead}``: 0.1.0 names with no counterpart
 REMOVED: dict[str, str] = {
+    "mprl.local.KILL_GRACE_S": "a child that does not stop within the grace after the stop "
+    "flag (mprl.backends.supervisor.Supervisor.stop_grace_s) is killed then, with no SIGTERM "
+    "step before",
     "mprl.algorithm.SharedFactory": "Algorithm(make_shared=...) is gone: declare the shared "
     f"objects as fields of the algorithm's schema ({_SCHEMA_KINDS}); the backend builds them",
     "mprl.builtin.mprl_make_backend": "the built-in backends register themselves (modules "

@@ -32,12 +32,10 @@ TICK_S = 0.25
 
 def stop_unused_starts() -> None:
     """Stop what ``python -m mprl run`` started ahead for a backend before it knew the run's
-    (the local backend's forkserver, a Ray on this machine) when the run's backend, now
-    prepared, did not take it."""
-    from mprl.backends import forkserver, ray_start
+    when the run's backend, now prepared, did not take it (:mod:`mprl.startup`)."""
+    from mprl import startup
 
-    forkserver.stop_unclaimed()
-    ray_start.stop_unclaimed()
+    startup.stop_unclaimed()
 
 
 @attrs.frozen

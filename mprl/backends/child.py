@@ -13,6 +13,7 @@ import copy
 import cProfile
 import marshal
 import random
+import threading
 import time
 import traceback
 from collections.abc import Callable, Mapping
@@ -23,7 +24,7 @@ import numpy as np
 import torch
 
 from mprl import timeline
-from mprl.context import Channel, Context, objects_of
+from mprl.context import Channel, Context, episode_record, objects_of
 from mprl.device import resolve_device
 from mprl.errors import UsageError
 from mprl.files import open_new
@@ -226,3 +227,86 @@ class DeviceLearner:
                         else:
                             dst[key] = value
         self._synced = time.monotonic()
+
+
+class ChildChannel:
+    """A :class:`mprl.context.Channel` of plain attributes, one per child, for a backend whose
+    child runs in the main process's memory or reports through calls (a thread, a Ray actor):
+    the backend reads :attr:`steps`, :attr:`last_beat` and :meth:`take` and sets
+    :attr:`stopping` and the run's :attr:`total` (``env_steps()`` counts from it)."""
+
+    def __init__(self) -> None:
+        self.stopping = False
+        self.steps = 0
+        self.total = 0  # the run's env steps at the driver's last poll
+        self.steps_at_total = 0  # this actor's steps then
+        self.last_beat = 0.0  # time.monotonic(); negative while in start-up work
+        self.records: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+
+    def beat(self, slot: int, starting: bool = False) -> None:
+        now = time.monotonic()
+        self.last_beat = -now if starting else now
+
+    def should_stop(self, slot: int) -> bool:
+        self.beat(slot)
+        return self.stopping
+
+    def idle(self, slot: int, seconds: float) -> bool:
+        time.sleep(seconds)
+        return self.should_stop(slot)
+
+    def add_steps(self, slot: int, n: int) -> None:
+        self.steps += n
+        self.beat(slot)
+
+    def env_steps(self) -> int:
+        return self.total + self.steps - self.steps_at_total
+
+    def send(self, slot: int, record: dict[str, Any]) -> None:
+        with self._lock:
+            self.records.append(record)
+        self.beat(slot)
+
+    def episode(self, slot: int, source: str, episode_return: float, episode_length: int) -> None:
+        now, steps = time.time(), self.env_steps()
+        self.send(slot, episode_record(source, steps, now, episode_return, episode_length))
+
+    def flush(self) -> None:
+        pass  # the driver's poll takes the records
+
+    def take(self) -> list[dict[str, Any]]:
+        with self._lock:
+            out, self.records = self.records, []
+        return out
+
+
+def _alias(t: torch.Tensor) -> torch.Tensor:
+    """A new tensor object over ``t``'s memory: writes show in both, autograd versions do not."""
+    alias = torch.empty(0, dtype=t.dtype).set_(
+        t.untyped_storage(), t.storage_offset(), t.size(), t.stride()
+    )
+    if isinstance(t, torch.nn.Parameter):
+        return torch.nn.Parameter(alias, requires_grad=t.requires_grad)
+    return alias
+
+
+def own_objects(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    optimizers: Mapping[str, torch.optim.Optimizer],
+) -> tuple[Any, Any, Any]:
+    """What unpickling gives a spawned process, for a child in the main process's memory (a
+    thread): its own model and optimizers whose tensors are new tensor objects over the same
+    memory.
+
+    So, as across processes, one process's ``optimizer.step()`` changes the values another one
+    computes with but not the autograd version of its tensors (its ``backward()`` does not fail
+    with "modified by an inplace operation"), and each process has its own ``.grad``.
+    """
+    tensors = [*model.parameters(), *model.buffers()]
+    for one in [*([optimizer] if optimizer is not None else []), *optimizers.values()]:
+        for state in one.state.values():
+            tensors += [v for v in state.values() if isinstance(v, torch.Tensor)]
+    memo: dict[int, Any] = {id(t): _alias(t) for t in tensors}
+    return copy.deepcopy((model, optimizer, dict(optimizers)), memo)

@@ -15,18 +15,11 @@ import shutil
 import signal
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from multiprocessing.managers import SyncManager
 from pathlib import Path
 from typing import Any
 
-from mprl.backends.forkserver import (  # noqa: F401 - where they were first
-    _BLOCKED,
-    FORKSERVER_PRELOAD,
-    child_environment,
-    start_context,
-    stop_forkserver,
-)
 from mprl.errors import UsageError
 from mprl.run_types import ChildFailure
 
@@ -38,6 +31,34 @@ PARENT_DIED_EXIT = 70  # a child's exit code when it left because the main proce
 #: seconds the Manager server may stay stopped (SIGSTOP, a debugger) before it is killed: every
 #: read of shared state waits on it, the main process's too, with no timeout of its own
 MANAGER_STOPPED_S = 5.0
+
+
+#: the signals a child starts with blocked (:func:`child_environment`)
+BLOCKED = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+
+
+@contextlib.contextmanager
+def child_environment(threads: int) -> Iterator[None]:
+    """What children (and a server they fork from) start with: thread counts, and SIGINT,
+    SIGTERM and SIGHUP blocked.
+
+    The signal mask survives exec, so a Ctrl-C while a child is still importing cannot print a
+    KeyboardInterrupt traceback there, and a SIGTERM to the process group cannot kill the
+    Manager server before it answers; the main process gets them once starting is over.
+    """
+    saved = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    for key in saved:
+        os.environ.setdefault(key, str(threads))
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, BLOCKED)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def available_memory() -> int | None:
@@ -93,7 +114,7 @@ def init_child(name: str, ignore_sigterm: bool = False, leftovers: Sequence[str]
     Ctrl-C (and a closed terminal's SIGHUP) reaches the whole process group, but only the main
     process decides what it means. SIGINT, SIGTERM and SIGHUP arrive blocked
     (:func:`child_environment`), or ignored in a child forked from the forkserver
-    (:mod:`mprl.backends.forkserver_init`); they are unblocked once SIGINT and SIGHUP are
+    (:mod:`mprl.backends.local.forkserver_init`); they are unblocked once SIGINT and SIGHUP are
     ignored and SIGTERM is the default (ignored, for the Manager server), so a signal to the
     group while a child is still starting does not kill it halfway. If the main process dies
     without stopping us (SIGKILL, OOM), exit: nothing else would.
@@ -106,7 +127,7 @@ def init_child(name: str, ignore_sigterm: bool = False, leftovers: Sequence[str]
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN if ignore_sigterm else signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, _BLOCKED)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, BLOCKED)
     parent = mp.parent_process()
     if parent is not None:
 

@@ -1,12 +1,13 @@
-"""One supervisor for the backends whose children run outside the main process.
+"""One supervisor for the backends whose children run apart from the main process's own code.
 
 :class:`Supervisor` owns what every such backend does the same way: the child table, the
-staggered start (``--start-interval``), the supervise loop (a child ended, crashed or went
+staggered start (``--start-interval``), the supervise loop (a child returned, crashed or went
 silent: restart it or fail the run; restarts that are due; when the job is over), the stop
-sequence (stop flag, a bounded wait, escalation), the final counters and the outcome, and the
-events the monitor shows. A subclass says only how its children start, how an ended or silent
-child is seen, how one is killed and how the shared state is built (after sample-factory's
-runner base and its serial and parallel runners).
+(the stop flag, a bounded grace, then a kill), the final counters, the outcome and the events
+the monitor shows. A backend says how its children start, as a :class:`ChildHandle` per child
+(poll, stop, kill), how the shared state is built and what the children reported, and what to
+release at the end: after sample-factory's runner base and its serial and parallel runners.
+See docs/backends.md, "Writing a backend", for the checklist.
 """
 
 from __future__ import annotations
@@ -15,14 +16,16 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import Sequence
-from typing import Any
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import attrs
 
 from mprl.backends.base import TICK_S, Job, Monitor, Outcome, Role, end_reason, failure
+from mprl.backends.processes import ManagerServer
 from mprl.backends.restart import RestartPolicy
-from mprl.context import Channel, Context
+from mprl.context import Context
 from mprl.run_types import ChildFailure
 from mprl.schema import SharedState
 from mprl.timeline import mark
@@ -35,8 +38,47 @@ UNKNOWN_RATE_LOOK_S = 0.05
 #: exit codes of a child that a signal to the whole process group ended (not a crash when the
 #: main process got the signal too)
 STOP_SIGNAL_CODES = (-signal.SIGTERM, -signal.SIGINT, -signal.SIGHUP)
-#: what :meth:`Supervisor.exit_of` returns for a child that is still running
-RUNNING: Any = object()
+
+RUNNING, RETURNED, FAILED = "running", "returned", "failed"
+
+
+@attrs.frozen
+class Status:
+    """What a :class:`ChildHandle` says of its child.
+
+    :ivar state: :data:`RUNNING`, :data:`RETURNED` (its function returned) or :data:`FAILED`.
+    :ivar silent_s: running: seconds since its last heartbeat (``None``: not known yet).
+    :ivar starting: running: still in its start-up work (imports, placement), which gets the
+        supervisor's start-up time instead of ``--worker-timeout``.
+    :ivar code: failed: its exit code (negative: the signal), ``None`` where there is none.
+    :ivar traceback: failed: what it raised, where known.
+    :ivar reason: failed: what happened in words, when the exit code does not say it (an
+        actor that died with its node).
+    """
+
+    state: str
+    silent_s: float | None = None
+    starting: bool = False
+    code: int | None = None
+    traceback: str = ""
+    reason: str = ""
+
+
+class ChildHandle(Protocol):
+    """One child of a job as its backend runs it (a process, an actor, a thread)."""
+
+    def poll(self) -> Status:
+        """How it is now; never blocks."""
+        ...
+
+    def stop(self) -> None:
+        """Raise its stop flag: its ``ctx.should_stop()`` is true from now on."""
+        ...
+
+    def kill(self, stack: bool = False) -> str:
+        """End it now, and what it started (idempotent: an ended child stays ended). With
+        ``stack``, its stack as it is first (a hung child's report), or ``""``."""
+        ...
 
 
 class NotStarted(Exception):
@@ -50,44 +92,43 @@ class NotStarted(Exception):
 
 @attrs.define(eq=False)
 class Child:
-    """One rank of the job and what the backend runs it in (``handle``)."""
+    """One rank of the job and what its backend runs it in (``handle``)."""
 
     role: Role
-    handle: Any = None
-    started: bool = False
+    handle: ChildHandle | None = None
     restarts: int = 0  # restarts spent on this rank
     in_a_row: int = 0  # failures in a row without a step in between
     steps_at_start: int = 0
-    started_at: float = 0.0
     restart_at: float | None = None  # monotonic time of a pending restart
     done: bool = False  # ended for good
 
     def live(self) -> bool:
-        return self.started and not self.done and self.restart_at is None
+        return self.handle is not None and not self.done and self.restart_at is None
 
 
 class Supervisor:
-    """Runs one job: :meth:`execute` is the template, the methods marked *backend* its steps."""
+    """Runs one job: :meth:`execute` is the template; a backend implements the methods marked
+    *backend* (the first four always; :meth:`wait` and :meth:`refresh` where it can do better
+    than the default)."""
 
     #: seconds a child gets for its first heartbeat (imports, placement), scaled up when there
     #: are more children than cores
     startup_timeout_s = 120.0
-    #: the stop sequence after the stop flag: (seconds to wait, what to do to the children left)
-    escalation: tuple[tuple[float, str], ...] = ((5.0, "kill"),)
-    #: the end of a hung child's failure reason
-    kill_words = "killed"
-    #: the channel the children's contexts get (``None`` when the child sets its own)
-    channel: Channel | None = None
-    child_type: type[Child] = Child
+    #: seconds children get to return after the stop flag, before they are killed
+    stop_grace_s = 5.0
+    #: the Manager server of the run's Manager kinds, where :meth:`build_state` starts one: its
+    #: loss fails the run
+    server: ManagerServer | None = None
 
     def __init__(self, job: Job, monitor: Monitor) -> None:
         self.job, self.monitor = job, monitor
         self.policy = RestartPolicy.of(job.run)
-        self.children = [self.child_type(role) for role in job.roles()]
+        self.children = [Child(role) for role in job.roles()]
         cores = os.cpu_count() or 1
         self.startup_timeout = self.startup_timeout_s * max(1.0, len(self.children) / cores)
         self.state: SharedState | None = None
         self.outcome: Outcome | None = None  # once the job ended without an error
+        self._steps: list[int] = list(job.initial_steps) or [0] * (job.run.workers + 2)
         self._stopped = False
         self._seen = (time.monotonic(), 0)  # (when, env steps) at the last look (_next_look)
 
@@ -98,73 +139,29 @@ class Supervisor:
         :class:`NotStarted` when the job cannot start."""
         raise NotImplementedError
 
-    def launch(self, child: Child, ctx: Context) -> None:
-        """*Backend*: start ``child``'s process (a new one on a restart) with ``ctx``."""
+    def start(self, role: Role, ctx: Context) -> ChildHandle:
+        """*Backend*: start a child for ``role`` (a new one on a restart) with ``ctx``."""
         raise NotImplementedError
 
-    def take(self) -> None:
-        """*Backend*: take what the children reported (records, counters), without waiting."""
+    def take(self) -> Sequence[int] | None:
+        """*Backend*: give the monitor what the children reported (``monitor.on_records``),
+        without waiting; the env steps per counter slot (workers, train process, earlier
+        sessions) when it knows them, ``None`` to keep the last."""
+        raise NotImplementedError
 
-    def pause(self, until: float, children: Sequence[Child]) -> None:
-        """*Backend*: wait until ``until``, or until one of ``children`` ends."""
+    def release(self) -> None:
+        """*Backend*: release what the run held (servers, queues, files), once every child has
+        ended and the final checkpoint is written. Nothing it started may outlive it."""
+        raise NotImplementedError
+
+    def wait(self, until: float, handles: Sequence[ChildHandle]) -> None:
+        """*Backend*: wait until ``until``, or until one of ``handles`` ends (default: sleep)."""
         time.sleep(max(0.0, until - time.monotonic()))
-
-    def steps(self) -> list[int]:
-        """*Backend*: the env steps per counter slot (workers, train process, earlier sessions)."""
-        raise NotImplementedError
-
-    def exit_of(self, child: Child) -> ChildFailure | None:
-        """*Backend*: :data:`RUNNING`, ``None`` when ``child``'s function returned, or the
-        failure of a child that crashed or was killed."""
-        raise NotImplementedError
-
-    def life(self, child: Child, now: float) -> tuple[float | None, bool]:
-        """*Backend*: seconds since ``child`` last showed life (``None``: unknown yet), and
-        whether it is still starting up (it gets :attr:`startup_timeout` then)."""
-        raise NotImplementedError
-
-    def kill(self, child: Child, hung: bool = False) -> tuple[int | None, str]:
-        """*Backend*: kill ``child``'s process; its exit code and, when ``hung``, its stack."""
-        raise NotImplementedError
-
-    def discard(self, child: Child) -> None:
-        """*Backend*: forget ``child``'s failed process before a restart or the end."""
-
-    def running(self, child: Child) -> bool:
-        """*Backend*: whether ``child``'s process still runs (while stopping)."""
-        raise NotImplementedError
-
-    def request_stop(self) -> None:
-        """*Backend*: raise the stop flag every child looks at."""
-
-    def escalate(self, child: Child, action: str) -> str:
-        """*Backend*: do ``action`` (of :attr:`escalation`) to a child that did not stop; say
-        what was done ("sending SIGTERM")."""
-        raise NotImplementedError
-
-    def stop_failure(self, child: Child) -> ChildFailure | None:
-        """*Backend*: the failure of a child that crashed while stopping, or ``None``."""
-        return None
 
     def refresh(self) -> None:
         """*Backend*: bring the main process's model, optimizers and modules up to date with
-        what the children train, before the host reads them (a checkpoint)."""
-
-    def after_stop(self) -> None:
-        """*Backend*: after the children stopped, before the final checkpoint."""
-
-    def kill_all(self) -> None:
-        """*Backend*: nothing it started may outlive this call (a forced exit, an error)."""
-
-    def release(self) -> None:
-        """*Backend*: release what the run held (servers, queues, files), after the checkpoint."""
-
-    def extra_failures(self, stopping: bool = False) -> list[ChildFailure]:
-        """*Backend*: failures of what is not a child (a server the run needs); ``stopping``:
-        the children have stopped and this is the last look, so one that is not answering is
-        waited on until it is known lost or back (its loss is reported, not a checkpoint's
-        error that follows from it)."""
-        return []
+        what the children train, before the host reads them (a checkpoint); nothing where they
+        share its memory."""
 
     # -- the template ------------------------------------------------------------------------
 
@@ -180,7 +177,7 @@ class Supervisor:
             mark("state")
             if skipped:
                 self.event("state-not-restored", skipped)
-            self.monitor.on_start(self.state, self.refresh)
+            self.monitor.on_start(self.state, _weakly(self.refresh))
             reason = self._start_all()
             failures: list[ChildFailure] = []
             if reason is None:
@@ -195,15 +192,29 @@ class Supervisor:
             self.outcome = Outcome(reason, failures, restarts, round(shutdown_s, 3))
             return self.outcome
         finally:
-            self.kill_all()
+            for child in self.children:  # live ones only on a forced exit or an error
+                if child.handle is not None:
+                    with contextlib.suppress(Exception):
+                        child.handle.kill()
             if self.state is not None:  # every child is gone: save what was learned
                 with contextlib.suppress(Exception):
                     self._on_stop()
             self.release()
+            for child in self.children:  # a handle may point back here: no cycle outlives
+                child.handle = None  # the run (its queues' semaphores go with the last ref)
             mark("released")
 
-    def event(self, kind: str, message: str, **fields: Any) -> None:
+    def event(self, kind: str, message: str, **fields: object) -> None:
         self.monitor.on_event({"event": kind, "message": message, **fields})
+
+    def steps(self) -> list[int]:
+        """The env steps per counter slot, as of the last :meth:`take`."""
+        return self._steps
+
+    def _take(self) -> None:
+        steps = self.take()
+        if steps is not None:
+            self._steps = list(steps)
 
     def _on_stop(self) -> None:
         """Tell the monitor, once, that every child has stopped (it writes the checkpoint)."""
@@ -215,21 +226,19 @@ class Supervisor:
         steps = self.steps()
         return self.monitor.on_tick(sum(steps), steps)
 
-    def _stop_requested(self) -> str | None:
+    def stop_requested(self) -> str | None:
         """The signal's name when the main process was asked to stop by one, else ``None``."""
         time.sleep(0.1)  # let the main process's signal handler run
         reason = self._stop_reason()
         return reason if reason is not None and reason.startswith("SIG") else None
 
     def _start(self, child: Child) -> None:
-        """Start (or restart) the process of ``child``'s rank."""
-        ctx = self.job.context(child.role, self.state, self.channel, child.restarts)  # type: ignore[arg-type]
+        """Start (or restart) the child of ``child``'s rank."""
+        ctx = self.job.context(child.role, self.state, None, child.restarts)  # type: ignore[arg-type]
         child.steps_at_start = self.steps()[child.role.slot]
-        child.started_at = time.monotonic()
         child.restart_at = None
-        child.started = True
         mark("launch", source=child.role.source)
-        self.launch(child, ctx)
+        child.handle = self.start(child.role, ctx)
 
     def _start_all(self) -> str | None:
         """Start the children one after another, ``--start-interval`` apart; a reason to stop
@@ -243,27 +252,31 @@ class Supervisor:
                 continue
             deadline = time.monotonic() + interval
             while (now := time.monotonic()) < deadline:
-                self.take()
+                self._take()
                 if reason := self._stop_reason():
                     return reason
                 time.sleep(max(0.0, min(deadline, now + TICK_S) - time.monotonic()))
         return None
+
+    def _server_lost(self, stopping: bool = False) -> list[ChildFailure]:
+        lost = self.server.failure(settle=stopping) if self.server is not None else None
+        return [lost] if lost is not None else []
 
     def _supervise(self) -> tuple[str, list[ChildFailure]]:
         """Watch every child until the run should stop: one that fails is restarted on its rank
         while the restart limits allow it, else the run stops; a silent one counts as failed."""
         while True:
             tick = time.monotonic()
-            self.take()
+            self._take()
             asked = self._stop_reason()
             if asked is not None and asked.startswith("SIG"):
                 return asked, []  # stopped by the user: nothing after it is a failure
-            failures = self.extra_failures()
+            failures = self._server_lost()
             for child in self.children:
                 found = self._check(child) if child.live() else None
                 if found is None:
                     continue
-                if found.exitcode in STOP_SIGNAL_CODES and (reason := self._stop_requested()):
+                if found.exitcode in STOP_SIGNAL_CODES and (reason := self.stop_requested()):
                     # SIGTERM / SIGINT sent to the whole process group (timeout, systemd,
                     # docker stop) also reached the main process: a stop, not a crash
                     return reason, []
@@ -279,9 +292,8 @@ class Supervisor:
             if reason := end_reason(self.job, done) or asked:
                 return reason, []
             pending = [c.restart_at for c in self.children if c.restart_at is not None]
-            self.pause(
-                min([self._next_look(tick), *pending]), [c for c in self.children if c.live()]
-            )
+            live = [c.handle for c in self.children if c.live()]
+            self.wait(min([self._next_look(tick), *pending]), live)  # type: ignore[list-item]
 
     def _next_look(self, tick: float) -> float:
         """When to look again: a tick after the last look, or sooner when the env-step budget
@@ -303,26 +315,29 @@ class Supervisor:
     def _check(self, child: Child) -> ChildFailure | None:
         """``child``'s failure if it crashed or hung (killed then); ``None`` while it runs well
         or when it returned (done then)."""
-        ended = self.exit_of(child)
-        if ended is None:
+        assert child.handle is not None
+        status = child.handle.poll()
+        if status.state == RETURNED:
             child.done = True
             return None
-        if ended is not RUNNING:
-            return ended
+        if status.state == FAILED:
+            return failure(child.role, status.code, status.traceback, status.reason)
         timeout = self.job.run.worker_timeout
-        silent, starting = self.life(child, time.monotonic())
-        limit = max(timeout, self.startup_timeout) if starting else timeout
+        silent = status.silent_s
+        limit = max(timeout, self.startup_timeout) if status.starting else timeout
         if not timeout or silent is None or silent < limit:
             return None
-        code, stack = self.kill(child, hung=True)
-        reason = f"hung: no heartbeat for {silent:.0f} s (--worker-timeout {timeout:g}); "
+        stack = child.handle.kill(stack=True)
+        code = child.handle.poll().code
+        reason = f"hung: no heartbeat for {silent:.0f} s (--worker-timeout {timeout:g}); killed"
         tb = f"stack when it was killed:\n{stack}" if stack.strip() else ""
-        return failure(child.role, code, tb, reason + self.kill_words)
+        return failure(child.role, code, tb, reason)
 
     def _restart_or_fail(self, child: Child, found: ChildFailure) -> ChildFailure | None:
         """Schedule a restart of ``child``'s rank, or return the failure that ends the run."""
         progressed = self.steps()[child.role.slot] > child.steps_at_start
-        self.discard(child)
+        assert child.handle is not None
+        child.handle.kill()  # what it started goes with it, before a restart
         child.in_a_row = self.policy.in_a_row(child.in_a_row, progressed)
         decision = self.policy.decide(child.role.role, child.restarts, child.in_a_row)
         if decision.delay is None:
@@ -342,28 +357,48 @@ class Supervisor:
         return None
 
     def _stop(self) -> list[ChildFailure]:
-        """Stop flag, a bounded wait, then each step of :attr:`escalation` for the children
-        left; what they report meanwhile is taken, so one blocked on a full queue can finish.
-        Returns within about the sum of the escalation's waits, whatever the children do."""
-        self.request_stop()
+        """The stop flag, :attr:`stop_grace_s` for the children to return (what they report
+        meanwhile is taken, so one blocked on a full queue can finish), then a kill for any
+        left. Returns within about the grace, whatever the children do; the failures of
+        children that crashed meanwhile, and of a server lost."""
         running = [c for c in self.children if c.live()]
-        for grace, action in self.escalation:
-            deadline = time.monotonic() + grace
-            while (alive := [c for c in running if self.running(c)]) and (
-                time.monotonic() < deadline
-            ):
-                self.take()
-                self.pause(min(deadline, time.monotonic() + 0.1), alive)
-            for child in alive:
-                words = self.escalate(child, action)
-                self.event(
-                    action,
-                    f"{child.role.who} did not stop within {grace:g} s; {words}",
-                    rank=child.role.rank,
-                )
-        failures = [f for c in running if (f := self.stop_failure(c)) is not None]
-        failures += self.extra_failures(stopping=True)  # one lost while stopping is reported
-        self.after_stop()
+        for child in running:
+            child.handle.stop()  # type: ignore[union-attr]
+        deadline = time.monotonic() + self.stop_grace_s
+        while (alive := [c for c in running if _running(c)]) and time.monotonic() < deadline:
+            self._take()
+            self.wait(min(deadline, time.monotonic() + 0.1), [c.handle for c in alive])  # type: ignore[misc]
+        for child in alive:
+            child.handle.kill()  # type: ignore[union-attr]
+            self.event(
+                "kill",
+                f"{child.role.who} did not stop within {self.stop_grace_s:g} s; killed",
+                rank=child.role.rank,
+            )
+        self._take()
+        failures = []
+        for child in running:  # a crash while stopping: reported with its traceback
+            status = child.handle.poll()  # type: ignore[union-attr]
+            if status.state == FAILED and status.traceback and child not in alive:
+                failures.append(failure(child.role, status.code, status.traceback, status.reason))
+        failures += self._server_lost(stopping=True)  # one lost while stopping is reported
         for child in self.children:
             child.done = True
         return failures
+
+
+def _weakly(method: Callable[[], None]) -> Callable[[], None]:
+    """``method`` called through a weak reference to its object: the monitor that keeps it
+    keeps no supervisor alive (what it holds, a queue's semaphores, goes with the run)."""
+    ref = weakref.WeakMethod(method)
+
+    def call() -> None:
+        bound = ref()
+        if bound is not None:
+            bound()
+
+    return call
+
+
+def _running(child: Child) -> bool:
+    return child.handle is not None and child.handle.poll().state == RUNNING

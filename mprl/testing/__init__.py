@@ -37,9 +37,9 @@ import torch
 
 from mprl.algorithm import Algorithm
 from mprl.backends.base import Job, Role
-from mprl.backends.child import _on_device, seed_process
-from mprl.backends.serial import InProcessManager, SerialBackend
-from mprl.backends.serial.backend import _own_objects
+from mprl.backends.child import _on_device, own_objects, seed_process
+from mprl.backends.inprocess import InProcessManager
+from mprl.backends.serial import SerialBackend
 from mprl.context import Context, episode_record
 from mprl.errors import PluginError, UsageError
 from mprl.hookspecs import hookimpl
@@ -50,6 +50,7 @@ from mprl.host.plugins import PluginManager, get_plugin_manager
 from mprl.host.runner import run
 from mprl.run_types import RunConfig, Summary
 from mprl.schema import Dims, Schema, SharedState
+from mprl.testing.backend import BackendConformance
 from mprl.testing.transport import (
     HubInProcess,
     HubOverRay,
@@ -62,6 +63,7 @@ from mprl.transport.memory import MemoryBuilder
 
 __all__ = [
     "BENCH_TIMEOUT_S",
+    "BackendConformance",
     "Bench",
     "HookCall",
     "HookRecorder",
@@ -130,7 +132,7 @@ def build_state(
     tensors in shared memory, as the local backend builds it, and nothing started.
 
     Without ``manager``, Manager kinds are plain in-process objects
-    (:class:`mprl.backends.serial.InProcessManager`: lists, dicts, locks...). Pass a started
+    (:class:`mprl.backends.inprocess.InProcessManager`: lists, dicts, locks...). Pass a started
     ``multiprocessing.managers.SyncManager`` for the real thing (the ``mprl_state`` fixture starts
     and shuts one down with ``manager=True``). Sizes that come from the spaces and the config
     use ``env`` (default: the algorithm's default env), made through ``plugins`` (default: the
@@ -549,7 +551,9 @@ class Bench:
         role = self._role(rank)
         stop = _Stop(role.who, steps, stop_after, stop_when, timeout)
         ctx = self._job.context(role, self.state, self._channel)
-        model, optimizer, optimizers = _own_objects(self._job)
+        model, optimizer, optimizers = own_objects(
+            self._job.model, self._job.optimizer, self._job.optimizers
+        )
         ctx = attrs.evolve(ctx, model=model, optimizer=optimizer, optimizers=optimizers)
         seed_process(ctx.seed)
         ctx = _on_device(ctx)[0]  # a train process on a GPU (--device): copies there

@@ -18,7 +18,6 @@ stop wakes every wait in the hub at once (:meth:`~mprl.transport.hub.Hub.stop_wa
 
 from __future__ import annotations
 
-import copy
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -28,9 +27,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 import torch
 
-from mprl.schema import Dims, ReplayPace, RowSpec, SharedState, _never
+from mprl.schema import Dims, ReplayPace, RowSpec, SharedState
 from mprl.transport import samehost
-from mprl.transport.memory import copy_in, published_tensors
+from mprl.transport.memory import _Bound, copy_in, published_tensors
 
 if TYPE_CHECKING:
     from mprl.transport.hub import Hub, Info
@@ -183,11 +182,10 @@ def connect(state: SharedState, endpoint: Endpoint) -> None:
             value.endpoint = endpoint
 
 
-class _HubField:
-    """A transport field held by a hub, as one process uses it."""
+class _HubField(_Bound):
+    """A transport field held by a hub, as one process uses it (bound as a memory field is:
+    :class:`mprl.transport.memory._Bound`); its endpoint is this process's, never pickled."""
 
-    _slot = -1
-    _stop: Callable[[], bool] = staticmethod(_never)
     endpoint: Endpoint
 
     def __init__(self, endpoint: Endpoint, field: str, arena: samehost.Arena | None) -> None:
@@ -196,21 +194,6 @@ class _HubField:
 
     def __getstate__(self) -> dict[str, Any]:  # to another process: without this one's end
         return {k: v for k, v in self.__dict__.items() if k not in ("endpoint", "_bound")}
-
-    def __copy__(self) -> Any:  # in this process: with it
-        copied = type(self).__new__(type(self))
-        copied.__dict__.update(self.__dict__)
-        return copied
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._local()
-
-    def bind(self, slot: int, stop: Callable[[], bool]) -> Any:
-        bound = copy.copy(self)
-        bound._slot, bound._stop = slot, stop
-        bound._local()
-        return bound
 
     def _local(self) -> None:
         self._bound: Any = None  # the store bound to this process, once looked for

@@ -28,7 +28,7 @@ from tests.conftest import (
     wait_for_metrics,
 )
 
-STOP_BOUND_S = 5.0 + 2.0  # the supervisor's grace before SIGTERM, then before SIGKILL
+STOP_BOUND_S = 5.0  # the supervisor's grace after the stop flag, before the kill
 
 
 def probe(run_dir: Path, *settings: str, steps: int = 3000, workers: int = 2) -> list[str]:
@@ -182,8 +182,7 @@ def test_children_ignoring_stop_and_sigterm_are_killed_within_the_bound(installe
         run_dir, "fault=ignore_stop", "ignore_sigterm=true", steps=300
     )
     assert code == 0, stderr  # the run reached its budget; the kill is reported, not a failure
-    assert "worker 0 did not stop within 5 s; sending SIGTERM" in stderr
-    assert "worker 0 did not stop within 2 s; sending SIGKILL" in stderr
+    assert "worker 0 did not stop within 5 s; killed" in stderr
     assert "trainer did not stop" not in stderr  # it honoured the stop flag
     assert STOP_BOUND_S <= summary["shutdown_s"] < STOP_BOUND_S + 2
     assert (run_dir / "checkpoints" / "last.pt").exists()

@@ -135,13 +135,38 @@ def test_the_host_knows_no_backend_but_the_seam():
             assert backends <= {"mprl.backends.base"}, (name, backends)
 
 
+#: what a backend of its own may use of mprl's backends (docs/backends.md, "Writing a backend")
+SEAM = {
+    "mprl.backends.base",
+    "mprl.backends.supervisor",
+    "mprl.backends.child",
+    "mprl.backends.processes",
+    "mprl.backends.inprocess",
+    "mprl.backends.restart",
+}
+#: the examples that are backends
+BACKEND_EXAMPLES = {REPO / "examples" / "mprl-threads" / "mprl_threads.py"}
+
+
 def test_plugins_and_examples_use_no_backend_and_no_shared_memory():
     sources = [*(REPO / "plugins").rglob("*.py"), *(REPO / "examples").rglob("*.py")]
-    assert len(sources) > 5
+    assert len(sources) > 5 and set(sources) >= BACKEND_EXAMPLES
     for path in sources:
         text = path.read_text()
         assert "share_memory" not in text and "/dev/shm" not in text, path
-        assert not {m for m in imports_of(path) if m.startswith("mprl.backends")}, path
+        backends = {m for m in imports_of(path) if m.startswith("mprl.backends")}
+        allowed = SEAM if path in BACKEND_EXAMPLES else set()
+        assert backends <= allowed, (path, backends - allowed)
+
+
+def test_the_seam_names_no_concrete_backend():
+    """The seam (and what a backend of its own may use) imports no module of the local, serial
+    or Ray backend, lazily neither: a backend is found through the plugin manager."""
+    edges = graph(lazy=True)
+    for name in SEAM:
+        concrete = {t for t in edges[name] if t.startswith(("mprl.backends.local",
+                    "mprl.backends.serial", "mprl.backends.ray"))}  # fmt: skip
+        assert not concrete, (name, concrete)
 
 
 def test_no_backend_touches_a_private_name_of_the_context():
@@ -253,3 +278,62 @@ def test_plugins_and_examples_use_no_private_name_of_mprl():
     assert REPO / "plugins" / "mprl_builtin" / "sweep" / "runner.py" in sources
     found = {str(p.relative_to(REPO)): private_uses(p.read_text()) for p in sources}
     assert {path: names for path, names in found.items() if names} == {}
+
+
+def _module_state(path: Path) -> list[str]:
+    """What a module keeps between calls at module level: a name bound to a mutable container
+    (but for ``__all__`` and public ALL_CAPS constants; ``_SEEN`` is state), a ``global``
+    statement, a cached function."""
+    found = []
+    tree = ast.parse(path.read_text())
+    mutable = (ast.Dict, ast.List, ast.Set, ast.DictComp, ast.ListComp, ast.SetComp)
+    makers = {"dict", "list", "set", "defaultdict", "deque", "OrderedDict", "WeakValueDictionary"}
+    makers |= {n.name for n in tree.body if isinstance(n, ast.ClassDef)}  # an object of its own
+    for node in tree.body:
+        targets = []
+        if isinstance(node, ast.Assign):
+            targets, value = node.targets, node.value
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            targets, value = [node.target], node.value
+        for target in targets:
+            name = getattr(target, "id", "__all__")
+            if name == "__all__" or (name.isupper() and not name.startswith("_")):
+                continue
+            call = isinstance(value, ast.Call) and getattr(value.func, "id", "") in makers
+            if isinstance(value, mutable) or call:
+                found.append(f"{path.name}: {name} = ...")
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Global):
+            found.append(f"{path.name}: global {', '.join(node.names)}")
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            for deco in node.decorator_list:
+                name = ast.unparse(deco)
+                if name.split("(")[0].endswith(("cache", "lru_cache", "cached_property")):
+                    found.append(f"{path.name}: @{name} {node.name}")
+    return found
+
+
+def test_the_state_reader_finds_module_state(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text(
+        "import functools\n_SEEN: dict = {}\nhints = dict()\nLIMITS = {'a': 1}\n"
+        "def f():\n    global x\n@functools.cache\ndef g():\n    pass\n"
+    )
+    assert sorted(_module_state(bad)) == [
+        "bad.py: @functools.cache g",
+        "bad.py: _SEEN = ...",
+        "bad.py: global x",
+        "bad.py: hints = ...",
+    ]
+
+
+def test_backends_and_transport_keep_no_module_level_state():
+    """Per-process state lives on instances (an endpoint, a supervisor, an early start's
+    handle), never in module globals no signature shows."""
+    found = [
+        finding
+        for room in ("backends", "transport")
+        for path in sorted((PACKAGE / room).rglob("*.py"))
+        for finding in _module_state(path)
+    ]
+    assert found == []

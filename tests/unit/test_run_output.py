@@ -16,7 +16,7 @@ import torch
 
 import mprl
 from mprl import schema, testing
-from mprl.backends import ray_start
+from mprl.backends.ray import start as ray_start
 from mprl.errors import UsageError
 from mprl.host import checkpoint
 from mprl.host.progress import MODES

@@ -13,34 +13,64 @@ from typing import Any
 import attrs
 import pytest
 
-from mprl.backends.base import Outcome, Role, end_reason, failure
-from mprl.backends.supervisor import RUNNING, Child, NotStarted, Supervisor
+from mprl.backends.base import Outcome, Role, end_reason
+from mprl.backends.supervisor import FAILED, RETURNED, RUNNING, NotStarted, Status, Supervisor
 from mprl.run_types import ChildFailure, RunConfig
 
 
 @attrs.define
 class Plan:
-    """What one launch of a child does: ends with ``code`` after ``after`` seconds (never when
-    ``None``), beats unless ``hangs``, stops at the stop flag unless ``ignores`` it (then
-    ``ignores`` is how many escalation steps it survives), takes ``steps`` steps."""
+    """What one start of a child does: ends with ``code`` after ``after`` seconds (never when
+    ``None``), beats unless ``hangs``, stops at the stop flag unless ``ignores`` it (then it
+    runs until killed), takes ``steps`` steps."""
 
     code: int | None = None
     after: float = 0.0
     hangs: bool = False
-    ignores: int = 0
+    ignores: bool = False
     steps: int = 10
 
 
-@attrs.define
 class Proc:
-    plan: Plan
-    started: float
-    code: int | None = None
-    escalated: list[str] = attrs.Factory(list)
+    """A scripted child (a :class:`mprl.backends.supervisor.ChildHandle`)."""
+
+    def __init__(self, sup: Scripted, slot: int, plan: Plan) -> None:
+        self.sup, self.slot, self.plan = sup, slot, plan
+        self.started = time.monotonic()
+        self.code: int | None = None
+        self.stopped = False
+
+    def _end(self, code: int) -> None:
+        if self.code is None:
+            self.code = code
+            self.sup.counts[self.slot] += self.plan.steps  # its steps, counted as it ends
+
+    def poll(self) -> Status:
+        plan = self.plan
+        if self.code is None:
+            if plan.code is not None and time.monotonic() - self.started >= plan.after:
+                self._end(plan.code)
+            elif self.stopped and not plan.ignores and not plan.hangs:
+                self._end(0)
+        if self.code is None:
+            silent = time.monotonic() - self.started if plan.hangs else 0.0
+            return Status(RUNNING, silent)
+        return Status(RETURNED) if self.code == 0 else Status(FAILED, code=self.code)
+
+    def stop(self) -> None:
+        self.stopped = True
+
+    def kill(self, stack: bool = False) -> str:
+        if self.code is None:
+            self.sup.killed.append((self.slot, stack))
+            self._end(-signal.SIGKILL)
+        return "File 'worker.py', line 3 in loop" if stack else ""
 
 
 class Job:
     """As much of :class:`mprl.backends.base.Job` as the supervisor reads."""
+
+    initial_steps = ()
 
     def __init__(self, workers: int, trainer: bool, **run: Any) -> None:
         self.run = RunConfig(workers=workers, **run)
@@ -84,69 +114,29 @@ class Monitor:
 
 
 class Scripted(Supervisor):
-    """A backend whose children follow :class:`Plan` s, one per launch of each slot."""
+    """A backend whose children follow :class:`Plan` s, one per start of each slot."""
 
     startup_timeout_s = 0.3
-    escalation = ((0.2, "terminate"), (0.2, "kill"))
+    stop_grace_s = 0.2
 
     def __init__(self, job: Job, monitor: Monitor, plans: dict[int, list[Plan]]) -> None:
         super().__init__(job, monitor)  # type: ignore[arg-type]
         self.plans = plans
         self.launches: dict[int, list[Any]] = {}
         self.counts = [0] * (job.run.workers + 2)
-        self.stop_flag = False
         self.killed: list[tuple[int, bool]] = []
         self.released = False
 
     def build_state(self) -> tuple[Any, str | None]:
         return object(), None
 
-    def launch(self, child: Child, ctx: Any) -> None:
-        slot = child.role.slot
+    def start(self, role: Role, ctx: Any) -> Proc:
+        slot = role.slot
         self.launches.setdefault(slot, []).append(ctx)
         plans = self.plans.get(slot, [Plan()])
-        plan = plans[min(len(self.launches[slot]) - 1, len(plans) - 1)]
-        child.handle = Proc(plan, time.monotonic())
+        return Proc(self, slot, plans[min(len(self.launches[slot]) - 1, len(plans) - 1)])
 
-    def _ended(self, child: Child) -> bool:
-        proc = child.handle
-        if proc.code is not None:
-            return True
-        plan = proc.plan
-        if plan.code is not None and time.monotonic() - proc.started >= plan.after:
-            proc.code = plan.code
-        elif self.stop_flag and len(proc.escalated) >= plan.ignores and not plan.hangs:
-            proc.code = 0 if not proc.escalated else -signal.SIGTERM
-        if proc.code is not None:  # its steps, counted as it ends
-            self.counts[child.role.slot] += plan.steps
-        return proc.code is not None
-
-    def exit_of(self, child: Child) -> ChildFailure | None:
-        if not self._ended(child):
-            return RUNNING
-        code = child.handle.code
-        return None if code == 0 else failure(child.role, code)
-
-    def life(self, child: Child, now: float) -> tuple[float | None, bool]:
-        proc = child.handle
-        return (now - proc.started if proc.plan.hangs else 0.0), False
-
-    def kill(self, child: Child, hung: bool = False) -> tuple[int | None, str]:
-        self.killed.append((child.role.slot, hung))
-        child.handle.code = -signal.SIGKILL
-        return -signal.SIGKILL, "File 'worker.py', line 3 in loop" if hung else ""
-
-    def running(self, child: Child) -> bool:
-        return not self._ended(child)
-
-    def request_stop(self) -> None:
-        self.stop_flag = True
-
-    def escalate(self, child: Child, action: str) -> str:
-        child.handle.escalated.append(action)
-        return f"did {action}"
-
-    def steps(self) -> list[int]:
+    def take(self) -> list[int]:
         return list(self.counts)
 
     def release(self) -> None:
@@ -205,13 +195,13 @@ def test_a_trainer_that_returns_ends_the_job_and_is_never_restarted():
     assert [f.who for f in crashed.failures] == ["trainer"]
 
 
-def test_children_that_ignore_the_stop_flag_get_each_escalation_step_in_order():
-    stubborn = Plan(ignores=2)
-    outcome, _, monitor = run({0: [stubborn], 1: [Plan(ignores=1)]})
-    steps = [(e["event"], e["rank"]) for e in monitor.events if e["event"] in ("terminate", "kill")]
-    assert steps == [("terminate", 0), ("terminate", 1), ("kill", 0)]
-    assert "did not stop within 0.2 s; did terminate" in monitor.events[0]["message"]
-    assert outcome.shutdown_s is not None and outcome.shutdown_s < 2.0  # bounded
+def test_children_that_ignore_the_stop_flag_are_killed_after_the_grace():
+    outcome, sup, monitor = run({0: [Plan(ignores=True)], 1: [Plan()]})
+    kills = [(e["event"], e["rank"]) for e in monitor.events if e["event"] == "kill"]
+    assert kills == [("kill", 0)] and sup.killed == [(0, False)]
+    assert "worker 0 did not stop within 0.2 s; killed" in monitor.events[0]["message"]
+    assert outcome.shutdown_s is not None and 0.2 <= outcome.shutdown_s < 2.0  # bounded
+    assert not outcome.failures  # a kill at the stop is reported, not a failure
 
 
 def test_a_child_ended_by_a_signal_the_main_process_also_got_is_a_stop_not_a_crash():
@@ -244,13 +234,13 @@ def test_children_start_in_order_the_trainer_first_and_workers_staggered(start_i
     monitor = Monitor(stop_after=0.5)
     sup = Scripted(Job(3, True, start_interval=start_interval), monitor, {})  # type: ignore[arg-type]
     launched: list[tuple[int, float]] = []
-    original = sup.launch
+    original = sup.start
 
-    def launch(child: Child, ctx: Any) -> None:
-        launched.append((child.role.slot, time.monotonic()))
-        original(child, ctx)
+    def start(role: Role, ctx: Any) -> Proc:
+        launched.append((role.slot, time.monotonic()))
+        return original(role, ctx)
 
-    sup.launch = launch  # type: ignore[method-assign]
+    sup.start = start  # type: ignore[method-assign]
     sup.execute()
     assert [slot for slot, _ in launched] == [3, 0, 1, 2]
     gaps = [b - a for (_, a), (_, b) in itertools.pairwise(launched[1:])]  # the workers'
@@ -275,11 +265,11 @@ class Steady(Scripted):
     rate = 2000.0
     t0: float | None = None
 
-    def launch(self, child: Child, ctx: Any) -> None:
-        super().launch(child, ctx)
+    def start(self, role: Role, ctx: Any) -> Proc:
         self.t0 = self.t0 or time.monotonic()
+        return super().start(role, ctx)
 
-    def steps(self) -> list[int]:
+    def take(self) -> list[int]:
         moving = 0 if self.t0 is None else int(self.rate * (time.monotonic() - self.t0))
         return [moving, 0, 0, 0]
 

@@ -25,22 +25,21 @@ from typing import Any
 
 import attrs
 import torch
-from attrs import validators as v
 
+from mprl import startup
 from mprl.backends import base
-from mprl.backends.base import Job, Monitor, Outcome
+from mprl.backends.base import Job, Monitor, Outcome, Role
 from mprl.backends.child import run_child
 from mprl.backends.local import preflight
 from mprl.backends.local.channel import LocalChannel
-from mprl.backends.processes import (
-    ManagerServer,
-    child_environment,
-    end_group,
-    init_child,
+from mprl.backends.local.forkserver import (
+    START_METHODS,
+    LocalOptions,
     start_context,
     stop_forkserver,
 )
-from mprl.backends.supervisor import RUNNING, Child, NotStarted, Supervisor
+from mprl.backends.processes import ManagerServer, child_environment, end_group, init_child
+from mprl.backends.supervisor import FAILED, RETURNED, RUNNING, NotStarted, Status, Supervisor
 from mprl.context import Context
 from mprl.errors import UsageError
 from mprl.files import open_new
@@ -52,26 +51,6 @@ from mprl.transport.memory import MemoryBuilder
 #: the shared tensors a forkserver can send a child: one file descriptor each, in one message
 #: of at most ``multiprocessing.forkserver.MAXFDS_TO_SEND`` (256), less its own and the pipes'
 FORKSERVER_FDS = 256 - 16
-START_METHODS = tuple(m for m in ("forkserver", "spawn") if m in mp.get_all_start_methods())
-
-
-@attrs.frozen
-class LocalOptions:
-    """The local backend's run options (``--backend local``, the default), registered by it."""
-
-    start_method: str = attrs.field(
-        default=START_METHODS[0],
-        validator=v.in_(START_METHODS),
-        metadata={
-            "help": "how children start: forkserver (forked from a server that imported torch "
-            "and gymnasium once: no import per child) or spawn (a fresh interpreter each)"
-        },
-    )
-
-
-#: Seconds children get to return after the stop flag is set, before SIGTERM, then SIGKILL.
-STOP_GRACE_S = 5.0
-KILL_GRACE_S = 2.0
 
 
 def _child_main(
@@ -164,8 +143,9 @@ class LocalBackend(base.Backend):
                 value.share_memory_()
 
         preflight.share(put, "the model and the optimizer state")
-        if self.start_method == "forkserver":
-            start_context(self.start_method)  # the server started early is this run's
+        early = startup.claim("local")  # the forkserver started ahead, if any: this run's
+        if early is not None and self.start_method != "forkserver":
+            early.stop()
         return notes
 
     def execute(self, job: Job, monitor: Monitor) -> Outcome:
@@ -174,16 +154,50 @@ class LocalBackend(base.Backend):
         return _LocalSupervisor(job, monitor, self.start_method).execute()
 
 
-@attrs.define(eq=False)
-class _Child(Child):
-    stack_file: str = ""  # where its stack goes when it is killed for hanging
+class _Process:
+    """A spawned child (:class:`mprl.backends.supervisor.ChildHandle`): seen through its exit
+    code and its heartbeat in the run's shared memory; its stack dumped by SIGUSR1."""
+
+    def __init__(self, run: _LocalSupervisor, role: Role, process: Any, stack_file: str) -> None:
+        self.run, self.role, self.process, self.stack_file = run, role, process, stack_file
+        self.started_at = time.monotonic()
+        self._ended: Status | None = None
+
+    def poll(self) -> Status:
+        if self._ended is not None:
+            return self._ended
+        code = self.process.exitcode
+        if code is None:
+            last = float(self.run.channel.beats[self.role.slot])  # negative: starting up
+            return Status(RUNNING, time.monotonic() - (abs(last) or self.started_at), last <= 0)
+        self.run.take()  # its last records, a traceback among them
+        traceback = self.run.errors.pop(self.role.source, "")
+        self._ended = Status(RETURNED) if code == 0 else Status(FAILED, code=code,
+                                                                 traceback=traceback)  # fmt: skip
+        return self._ended
+
+    def stop(self) -> None:
+        self.run.channel.stop()
+
+    def kill(self, stack: bool = False) -> str:
+        if stack and self.process.is_alive():  # faulthandler writes from its signal handler
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.process.pid, signal.SIGUSR1)
+            time.sleep(0.2)
+        if self.process.is_alive():
+            self.process.kill()
+        self.process.join()
+        end_group(self.process.pid)  # what it started goes too
+        if not stack:
+            return ""
+        try:
+            return Path(self.stack_file).read_text()
+        except OSError:
+            return ""
 
 
 class _LocalSupervisor(Supervisor):
     """Spawned processes, seen through their sentinels and the shared-memory heartbeats."""
-
-    escalation = ((STOP_GRACE_S, "terminate"), (KILL_GRACE_S, "kill"))
-    child_type = _Child
 
     def __init__(self, job: Job, monitor: Monitor, start_method: str) -> None:
         super().__init__(job, monitor)
@@ -192,12 +206,12 @@ class _LocalSupervisor(Supervisor):
         self.logs.mkdir(exist_ok=True)
         self.spawn = start_context(start_method)
         self.threads = job.run.torch_threads or threads_per_child(len(self.children))
-        self.server: ManagerServer | None = None
         self.records = self.spawn.Queue()
         self.errors: dict[str, str] = {}
         self.channel = LocalChannel(job.run.workers, self.records)
         if job.initial_steps:
             self.channel.steps.copy_(torch.tensor(job.initial_steps, dtype=torch.int64))
+        self.stacks: list[str] = []
 
     def _leftovers(self) -> list[str]:
         """What a child cleans up if the main process dies: a checkpoint write it cut short,
@@ -216,7 +230,7 @@ class _LocalSupervisor(Supervisor):
                     leftovers=self._leftovers(), threads=self.threads, context=self.spawn
                 )
             except (EOFError, OSError) as exc:  # it died before it answered
-                if reason := self._stop_requested():
+                if reason := self.stop_requested():
                     raise NotStarted(Outcome(reason)) from None
                 cause = f"failed to start ({type(exc).__name__}: {exc})"
                 failed = ChildFailure("Manager server", -1, None, cause)
@@ -229,26 +243,22 @@ class _LocalSupervisor(Supervisor):
             )
             return job.build_state(builder)
 
-    def launch(self, child: Child, ctx: Context) -> None:
-        assert isinstance(child, _Child)
-        role = child.role
-        if not child.stack_file:
-            child.stack_file = str(self.logs / f"{role.source.replace(':', '-')}.stack")
+    def start(self, role: Role, ctx: Context) -> _Process:
+        stack_file = str(self.logs / f"{role.source.replace(':', '-')}.stack")
+        self.stacks.append(stack_file)
         self.channel.beats[role.slot] = 0.0  # "starting": the child's first beat sets it
-        fn = self.job.function(role)
-        child.handle = self.spawn.Process(
+        process = self.spawn.Process(
             target=_child_main,
-            args=(fn, ctx, self.threads, child.stack_file, self._leftovers()),
+            args=(self.job.function(role), attrs.evolve(ctx, channel=self.channel),
+                  self.threads, stack_file, self._leftovers()),
             name=f"mprl-{role.role}" + (f"-{role.rank}" if role.rank >= 0 else ""),
             daemon=True,
-        )
+        )  # fmt: skip
         with child_environment(self.threads):
-            child.handle.start()
+            process.start()
+        return _Process(self, role, process, stack_file)
 
-    def steps(self) -> list[int]:
-        return self.channel.steps.tolist()
-
-    def take(self) -> None:
+    def take(self) -> list[int]:
         batch = []
         while True:
             try:
@@ -262,79 +272,19 @@ class _LocalSupervisor(Supervisor):
                     batch.append(item)
         if batch:
             self.monitor.on_records(batch)
+        return self.channel.steps.tolist()
 
-    def pause(self, until: float, children: Sequence[Child]) -> None:
-        sentinels = [c.handle.sentinel for c in children if c.handle.exitcode is None]
+    def wait(self, until: float, handles: Sequence[Any]) -> None:
+        sentinels = [h.process.sentinel for h in handles if h.process.exitcode is None]
         if self.server is not None:
             sentinels.append(self.server.process.sentinel)
         wait(sentinels, timeout=max(0.0, until - time.monotonic()))
 
-    def exit_of(self, child: Child) -> ChildFailure | None:
-        code = child.handle.exitcode
-        if code is None:
-            return RUNNING
-        if code == 0:
-            return None
-        self.take()  # its traceback
-        return base.failure(child.role, code, self.errors.pop(child.role.source, ""))
-
-    def life(self, child: Child, now: float) -> tuple[float | None, bool]:
-        last = float(self.channel.beats[child.role.slot])  # negative while starting up
-        return now - (abs(last) or child.started_at), last <= 0
-
-    def kill(self, child: Child, hung: bool = False) -> tuple[int | None, str]:
-        assert isinstance(child, _Child)
-        if hung:  # its stack first: faulthandler writes from its signal handler, mid-C-call too
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(child.handle.pid, signal.SIGUSR1)
-            time.sleep(0.2)
-        child.handle.kill()
-        child.handle.join()
-        try:
-            stack = Path(child.stack_file).read_text() if hung else ""
-        except OSError:
-            stack = ""
-        return child.handle.exitcode, stack
-
-    def discard(self, child: Child) -> None:
-        end_group(child.handle.pid)  # what it started dies with it, before a restart
-
-    def running(self, child: Child) -> bool:
-        return child.handle.is_alive()
-
-    def request_stop(self) -> None:
-        self.channel.stop()
-
-    def escalate(self, child: Child, action: str) -> str:
-        getattr(child.handle, action)()  # terminate() or kill()
-        return f"sending {'SIGTERM' if action == 'terminate' else 'SIGKILL'}"
-
-    def stop_failure(self, child: Child) -> ChildFailure | None:
-        child.handle.join()
-        self.take()
-        code, source = child.handle.exitcode, child.role.source
-        if code != 0 and source in self.errors:  # a crash while stopping: its traceback
-            return base.failure(child.role, code, self.errors[source])
-        return None
-
-    def extra_failures(self, stopping: bool = False) -> list[ChildFailure]:
-        lost = self.server.failure(settle=stopping) if self.server is not None else None
-        return [lost] if lost is not None else []
-
-    def kill_all(self) -> None:
-        for child in self.children:  # live children only on a forced exit or an error
-            if child.handle is not None:
-                if child.handle.is_alive():
-                    child.handle.kill()
-                child.handle.join()
-                end_group(child.handle.pid)
-
     def release(self) -> None:
-        for child in self.children:
-            assert isinstance(child, _Child)
+        for stack_file in set(self.stacks):
             with contextlib.suppress(OSError):
-                if child.stack_file and not os.path.getsize(child.stack_file):
-                    os.unlink(child.stack_file)  # kept when it holds a hung child's stack
+                if not os.path.getsize(stack_file):
+                    os.unlink(stack_file)  # kept when it holds a hung child's stack
         with contextlib.suppress(OSError):
             self.logs.rmdir()  # only if empty
         if self._tmp is not None:

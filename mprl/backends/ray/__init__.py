@@ -2,23 +2,39 @@
 machine or across a cluster. Ray is an optional extra (``pip install "mprl[ray]"``); the backend
 is always listed, and asking for it without Ray installed says what to install.
 
-A built-in plugin, registered by name like :mod:`mprl.backends.local`.
+A built-in plugin, registered by name like :mod:`mprl.backends.local`. Importing it imports
+neither Ray nor torch (its early start, :mod:`.start`, runs first); the backend is
+:mod:`.backend`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
-from mprl.backends.ray.backend import RayBackend
-from mprl.backends.ray.cluster import RayOptions
+from mprl.backends.ray.options import RayOptions
 from mprl.hookspecs import hookimpl
 
 __all__ = ["RayBackend", "RayOptions"]
 
 
+def __getattr__(name: str) -> Any:
+    if name == "RayBackend":
+        from mprl.backends.ray.backend import RayBackend
+
+        return RayBackend
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _ray() -> Any:
+    from mprl.backends.ray.backend import RayBackend
+
+    return RayBackend()
+
+
 @hookimpl
 def mprl_register_backends(register: Callable[..., None]) -> None:
-    register("ray", RayBackend, 'Ray actors on a cluster or this machine (pip install "mprl[ray]")')
+    register("ray", _ray, 'Ray actors on a cluster or this machine (pip install "mprl[ray]")')
 
 
 @hookimpl

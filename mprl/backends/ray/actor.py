@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import multiprocessing as mp
 import os
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -20,8 +19,8 @@ import attrs
 import ray
 import torch
 
-from mprl.backends.child import Trained, run_child
-from mprl.context import Context, episode_record, shared_of
+from mprl.backends.child import ChildChannel, Trained, run_child
+from mprl.context import Context, shared_of
 from mprl.timeline import mark
 from mprl.transport.client import ANSWER_TIMEOUT_S, Direct, Endpoint, connect
 from mprl.transport.hub import Hub
@@ -30,62 +29,13 @@ from mprl.transport.hub import Hub
 UPDATE_WAIT_S = 2.0
 
 
-class ActorChannel:
-    """:class:`mprl.context.Channel` inside an actor: plain attributes, read by :meth:`poll`."""
-
-    def __init__(self) -> None:
-        self.stopping = False
-        self.steps = 0
-        self.total = 0  # the run's env steps at the driver's last poll
-        self.steps_at_total = 0  # this actor's steps then
-        self.last_beat = 0.0  # time.monotonic(); negative while in start-up work
-        self.records: list[dict[str, Any]] = []
-        self._lock = threading.Lock()
-
-    def beat(self, slot: int, starting: bool = False) -> None:
-        now = time.monotonic()
-        self.last_beat = -now if starting else now
-
-    def should_stop(self, slot: int) -> bool:
-        self.beat(slot)
-        return self.stopping
-
-    def idle(self, slot: int, seconds: float) -> bool:
-        time.sleep(seconds)
-        return self.should_stop(slot)
-
-    def add_steps(self, slot: int, n: int) -> None:
-        self.steps += n
-        self.beat(slot)
-
-    def env_steps(self) -> int:
-        return self.total + self.steps - self.steps_at_total
-
-    def send(self, slot: int, record: dict[str, Any]) -> None:
-        with self._lock:
-            self.records.append(record)
-        self.beat(slot)
-
-    def episode(self, slot: int, source: str, episode_return: float, episode_length: int) -> None:
-        now, steps = time.time(), self.env_steps()
-        self.send(slot, episode_record(source, steps, now, episode_return, episode_length))
-
-    def flush(self) -> None:
-        pass  # the driver's poll takes the records
-
-    def take(self) -> list[dict[str, Any]]:
-        with self._lock:
-            out, self.records = self.records, []
-        return out
-
-
 class ChildActor:
     """One process of a run on a Ray node (made a Ray actor by the backend)."""
 
     def __init__(self, authkey: bytes) -> None:
         # the Manager's proxies in the context read the run's key from here when unpickled
         mp.current_process().authkey = authkey
-        self.channel = ActorChannel()
+        self.channel = ChildChannel()
         self.ctx: Context | None = None
         self.trained: Trained | None = None  # what the function trains (on its device)
         self.hub = Hub()  # used when this actor hosts the run's transport

@@ -31,13 +31,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import attrs
-
-from mprl.backends import base, ray_start
-from mprl.backends.base import Job, Monitor, Outcome
+from mprl import startup
+from mprl.backends import base
+from mprl.backends.base import TICK_S, Job, Monitor, Outcome, Role
 from mprl.backends.processes import ManagerServer, check_memory
 from mprl.backends.ray import cluster
-from mprl.backends.supervisor import RUNNING, Child, NotStarted, Supervisor
+from mprl.backends.ray import start as ray_start
+from mprl.backends.supervisor import FAILED, RETURNED, RUNNING, NotStarted, Status, Supervisor
 from mprl.context import Context
 from mprl.errors import UsageError
 from mprl.run_types import ChildFailure
@@ -100,7 +100,7 @@ class RayBackend(base.Backend):
         notes: list[str] = []
         # before mprl's signal handlers go in: Ray's init sets its own
         # else the caller's session, left as it is
-        if ray_start.started_early() or not ray.is_initialized():
+        if startup.pending("ray") or not ray.is_initialized():
             address = job.run.of(cluster.RayOptions).ray_address or os.environ.get(
                 "RAY_ADDRESS", ""
             )
@@ -159,38 +159,95 @@ def _resources_needed(job: Job) -> dict[str, float]:
     return need
 
 
-@attrs.define(eq=False)
-class _RayChild(Child):
-    """A rank and the actor running it (``handle``), with what its polls said."""
+class _Actor:
+    """A child as a Ray actor (:class:`mprl.backends.supervisor.ChildHandle`): seen through its
+    run's reference and the answers to the polls its run sends (:meth:`_RaySupervisor.take`)."""
 
-    run_ref: Any = None
-    where_ref: Any = None
-    poll_ref: Any = None
-    poll_sent: float = 0.0
-    node: str = ""
-    pid: int = 0  # its actor's process, on ``node``
-    base_steps: int = 0  # the slot's steps before this actor
-    steps: int = 0  # this actor's steps
-    answered: bool = False  # a poll came back since the start
-    silent: float | None = None  # its heartbeat's age at the last answer
-    starting: bool = True  # in start-up work at the last answer
-    model_sent: int = -1  # the generation of the train process's model it was last sent
+    def __init__(self, run: _RaySupervisor, role: Role, actor: Any, run_ref: Any) -> None:
+        self.run, self.role, self.actor, self.run_ref = run, role, actor, run_ref
+        self.where_ref = actor.where.remote()
+        self.poll_ref: Any = None
+        self.poll_sent = 0.0
+        self.started_at = time.monotonic()
+        self.node, self.pid = "", 0  # where its process is, once placed
+        self.steps = 0  # this actor's
+        self.answered = False  # a poll came back since the start
+        self.silent: float | None = None  # its heartbeat's age at the last answer
+        self.starting = True  # in start-up work at the last answer
+        self.model_sent = -1  # the generation of the train process's model it was last sent
+        self._ended: Status | None = None
+
+    @property
+    def hosts_hub(self) -> bool:
+        return self.actor is not None and self.actor is self.run.hub
+
+    def poll(self) -> Status:
+        import ray
+
+        if self._ended is not None:
+            return self._ended
+        if not _ready(self.run_ref):
+            now = time.monotonic()
+            starting = not self.answered or self.starting
+            if not self.answered:  # how long it has been waiting
+                return Status(RUNNING, now - self.started_at, starting)
+            if self.poll_ref is not None and now - self.poll_sent > 1.0:
+                return Status(RUNNING, now - self.poll_sent, starting)
+            return Status(RUNNING, self.silent, starting)
+        where = f" on node {self.node}" if self.node else ""
+        try:
+            result = ray.get(self.run_ref, timeout=CALL_TIMEOUT_S)
+        except ray.exceptions.RayActorError as exc:
+            self._ended = Status(FAILED, reason=f"its actor died{where}: {cluster.cause(exc)}")
+        except ray.exceptions.RayError as exc:
+            self._ended = Status(FAILED, code=1, traceback=str(exc),
+                                 reason="could not start its actor")  # fmt: skip
+        else:
+            self.run.last_poll(self)
+            if result["code"] == 0:
+                self._ended = Status(RETURNED)
+                if not self.hosts_hub:  # (the hub answers until the final checkpoint)
+                    self.kill()
+            else:
+                self._ended = Status(FAILED, code=1, traceback=result["traceback"],
+                                     reason=f"raised{where}")  # fmt: skip
+        return self._ended
+
+    def stop(self) -> None:
+        self.run.stopping = True  # every poll from now on carries the stop flag
+        if self.actor is not None and self.poll_ref is None:
+            self.run.send_poll(self)
+        self.run.stop_waits()
+
+    def kill(self, stack: bool = False) -> str:
+        """Kill its actor; the hub's host (the train process) only once the final checkpoint
+        has read the hub (:meth:`_RaySupervisor.release`), its state read first."""
+        import ray
+
+        if self.actor is None:
+            return ""
+        if self.hosts_hub and not stack:
+            self.run.refresh(final=True)
+            self._ended = self._ended or Status(FAILED, reason="killed")
+            return ""
+        ray.kill(self.actor, no_restart=True)
+        self.actor = None
+        return ""
 
 
 class _RaySupervisor(Supervisor):
     """Ray actors, seen through their run references and polls."""
 
-    startup_timeout_s = 180.0  # placement, then imports (transport.START_TIMEOUT_S too)
-    escalation = ((STOP_GRACE_S, "kill"),)
-    kill_words = "its actor was killed"
-    child_type = _RayChild
+    startup_timeout_s = 180.0  # placement, then imports (client.START_TIMEOUT_S too)
+    stop_grace_s = STOP_GRACE_S
 
     def __init__(self, job: Job, monitor: Monitor, session: Path | None) -> None:
         super().__init__(job, monitor)
         self.session = session  # an embedded Ray's: where its logs are
-        self.initial = list(job.initial_steps) or [0] * (job.run.workers + 2)
-        for child in self._children():
-            child.base_steps = self.initial[child.role.slot]
+        self.base = list(self.steps())  # per slot: the steps of actors before the live ones
+        self.actors: dict[int, _Actor] = {}  # by slot, the live or last one
+        self.started: list[_Actor] = []  # every one, restarted ones too
+        self.made: dict[int, Any] = {}  # by slot, an actor made ahead (build_state)
         self.authkey = secrets.token_bytes(32)
         self.options = job.run.of(cluster.RayOptions)
         self.learner = _learner(job)
@@ -212,10 +269,7 @@ class _RaySupervisor(Supervisor):
         self.final = False  # the final state is read: the driver's copies are the run's now
         self.hub: Any = None
         self.stop_ref: Any = None  # the hub's answer to the stop (read before it is killed)
-        self.server: ManagerServer | None = None
-
-    def _children(self) -> list[_RayChild]:
-        return self.children  # type: ignore[return-value]
+        self.stopping = False  # the stop flag is up
 
     # -- starting ------------------------------------------------------------------------------
 
@@ -225,8 +279,8 @@ class _RaySupervisor(Supervisor):
         from mprl.transport.client import START_TIMEOUT_S, Endpoint, HubBuilder, HubNotStarted
         from mprl.transport.raylink import RayLink
 
-        for child in self._children():  # their processes start (and import torch) together,
-            self._new_actor(child)  # while the state is built
+        for role in self.job.roles():  # their processes start (and import torch) together,
+            self.made[role.slot] = self._new_actor(role)  # while the state is built
         self.hub = self._hub_host()
         manager = None
         if self.job.algorithm.schema.needs_manager():
@@ -237,14 +291,14 @@ class _RaySupervisor(Supervisor):
         job = self.job
         builder = HubBuilder(
             manager, Endpoint(RayLink(self.hub)), job.model, job.algorithm.make_model,
-            same_host=not self.options.no_shared_memory, stopping=self._stop_requested,
+            same_host=not self.options.no_shared_memory, stopping=self.stop_requested,
         )  # fmt: skip
         try:
-            state, skipped = job.build_state(builder)
+            return job.build_state(builder)
         except HubNotStarted as exc:
             if exc.reason is not None:  # a Ctrl-C while the actors start
                 raise NotStarted(Outcome(exc.reason)) from None
-            trainer = any(c.role.role == "trainer" for c in self._children())
+            trainer = job.algorithm.train is not None
             why = (
                 f"did not start within {START_TIMEOUT_S:g} s: its actor (the run's transport "
                 "hub) was not placed yet, or was still importing torch and the plugin; a node "
@@ -252,7 +306,6 @@ class _RaySupervisor(Supervisor):
             )
             who = ("trainer", -1) if trainer else ("transport hub", -1)
             raise NotStarted(Outcome("failed", [ChildFailure(*who, None, why)])) from None
-        return state, skipped
 
     def _hub_host(self) -> Any:
         """The actor that hosts the run's transport hub: the train process's (made before the
@@ -263,9 +316,8 @@ class _RaySupervisor(Supervisor):
 
         from mprl.backends.ray.actor import ChildActor
 
-        trainer = next((c for c in self._children() if c.role.role == "trainer"), None)
-        if trainer is not None:
-            return trainer.handle
+        if self.job.algorithm.train is not None:
+            return self.made[self.job.run.workers]
         here = ray.get_runtime_context().get_node_id()
         options = {
             "num_cpus": 0,
@@ -277,126 +329,123 @@ class _RaySupervisor(Supervisor):
             .remote(self.authkey)
         )
 
-    def _threads(self, child: Child) -> int:
+    def _threads(self, role: Role) -> int:
         learner = self.learner.get("CPU", 1.0)
-        cpus = self.options.worker_cpus if child.role.role == "worker" else learner
+        cpus = self.options.worker_cpus if role.role == "worker" else learner
         return self.job.run.torch_threads or max(1, int(cpus or 1))
 
-    def _new_actor(self, child: _RayChild) -> None:
+    def _new_actor(self, role: Role) -> Any:
         import ray
 
         from mprl.backends.ray.actor import ChildActor
 
-        job = self.job
-        if child.role.role == "worker":
+        if role.role == "worker":
             options = {"num_cpus": self.options.worker_cpus, "scheduling_strategy": "SPREAD"}
             concurrency = 4  # run, poll, and room to spare
         else:  # it hosts the hub too: every worker may be waiting in it at once
             options = cluster.actor_options(self.learner)
-            concurrency = job.run.workers + 4
-        threads = self._threads(child)
+            concurrency = self.job.run.workers + 4
+        threads = self._threads(role)
         if threads != 1:  # Ray's workers have OMP_NUM_THREADS=1 already; one with a runtime
             # env of its own cannot start in the idle worker processes Ray keeps ready
             env = {k: str(threads) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
             options["runtime_env"] = {"env_vars": env}
-        child.handle = (
+        return (
             ray.remote(ChildActor)
             .options(max_concurrency=concurrency, **options)
             .remote(self.authkey)
         )
 
-    def launch(self, child: Child, ctx: Context) -> None:
-        assert isinstance(child, _RayChild)
-        if child.handle is None:
-            self._new_actor(child)
-        child.where_ref = child.handle.where.remote()
-        fn = self.job.function(child.role)
-        hub_host = None if child.handle is self.hub else self.hub
-        child.run_ref = child.handle.run.remote(fn, ctx, self._threads(child), hub_host)
-        child.poll_ref, child.answered, child.steps, child.model_sent = None, False, 0, -1
+    def start(self, role: Role, ctx: Context) -> _Actor:
+        actor = self.made.pop(role.slot, None) or self._new_actor(role)
+        hub_host = None if actor is self.hub else self.hub
+        run_ref = actor.run.remote(self.job.function(role), ctx, self._threads(role), hub_host)
+        before = self.actors.get(role.slot)
+        if before is not None:  # a restart: the slot's steps go on from the last actor's
+            self.base[role.slot] += before.steps
+        self.actors[role.slot] = handle = _Actor(self, role, actor, run_ref)
+        self.started.append(handle)
+        return handle
 
     # -- seeing the children -------------------------------------------------------------------
 
-    def steps(self) -> list[int]:
-        steps = list(self.initial)
-        for child in self._children():
-            steps[child.role.slot] = child.base_steps + child.steps
-        return steps
-
-    def take(self) -> None:
-        self.ticks += 1
-        self._poll_all(stop=False, wait_s=0.05)
-
-    def request_stop(self) -> None:
-        self._poll_all(stop=True, wait_s=0.0)
-        if self.hub is not None:  # the workers waiting in the hub see the stop flag at once
-            self.stop_ref = self.hub.hub_call.remote("stop_waits")
-
-    def _poll_all(self, stop: bool, wait_s: float) -> None:
-        """Send a poll to every live child without one in flight, then take the answers
-        that come within ``wait_s``."""
+    def take(self) -> list[int]:
+        """Poll every live actor without a poll in flight, and take the answers that come
+        within a few hundredths of a second."""
         import ray
 
+        self.ticks += 1
         now = time.monotonic()
         share = self.share_model and now - self.last_sync >= SYNC_S
-        total = sum(self.steps())
-        for child in self._children():
-            if not child.live() or (
-                not stop and (child.poll_ref is not None or now - child.poll_sent < base.TICK_S)
-            ):
-                continue
-            is_trainer = child.role.role == "trainer"
-            model = None
-            if not is_trainer and self.model_ref is not None and child.model_sent < self.model_gen:
-                model, child.model_sent = self.model_ref, self.model_gen
-            info = None if is_trainer else self.hub_info
-            child.poll_ref = child.handle.poll.remote(
-                stop, total, share and is_trainer, model, info
-            )
-            child.poll_sent = now
-            if share and is_trainer:
-                self.last_sync = now
-        pending = [c.poll_ref for c in self._children() if c.poll_ref is not None and c.live()]
+        for actor in self.actors.values():
+            if actor._ended is None and actor.poll_ref is None and now - actor.poll_sent >= TICK_S:
+                self.send_poll(actor, share=share)
+        pending = [a.poll_ref for a in self.actors.values() if a.poll_ref is not None]
         if pending:
-            ray.wait(pending, num_returns=len(pending), timeout=wait_s)
-        for child in self._children():
-            if child.where_ref is not None and _ready(child.where_ref):
-                self._placed(child)
-            if child.poll_ref is not None and _ready(child.poll_ref):
-                self._answer(child)
+            ray.wait(pending, num_returns=len(pending), timeout=0.05)
+        for actor in self.actors.values():
+            if actor.where_ref is not None and _ready(actor.where_ref):
+                self._placed(actor)
+            if actor.poll_ref is not None and _ready(actor.poll_ref):
+                self._answer(actor)
+        steps = list(self.base)
+        for slot, actor in self.actors.items():
+            steps[slot] += actor.steps
+        return steps
 
-    def _placed(self, child: _RayChild) -> None:
+    def send_poll(self, actor: _Actor, share: bool = False) -> None:
+        """Send ``actor`` a poll: the stop flag and the run's steps in, its steps, heartbeat and
+        records out, the train process's model on the way where workers act with it."""
+        trainer = actor.role.role == "trainer"
+        model = None
+        if not trainer and self.model_ref is not None and actor.model_sent < self.model_gen:
+            model, actor.model_sent = self.model_ref, self.model_gen
+        info = None if trainer else self.hub_info
+        total = sum(self.steps())
+        actor.poll_ref = actor.actor.poll.remote(
+            self.stopping, total, share and trainer, model, info
+        )
+        actor.poll_sent = time.monotonic()
+        if share and trainer:
+            self.last_sync = actor.poll_sent
+
+    def stop_waits(self) -> None:
+        """The workers waiting in the hub see the stop flag at once."""
+        if self.hub is not None and self.stop_ref is None:
+            self.stop_ref = self.hub.hub_call.remote("stop_waits")
+
+    def _placed(self, actor: _Actor) -> None:
         import ray
 
         try:
-            where = ray.get(child.where_ref, timeout=CALL_TIMEOUT_S)
+            where = ray.get(actor.where_ref, timeout=CALL_TIMEOUT_S)
         except Exception:  # the actor died; its run ref says how
             where = None
-        child.where_ref = None
+        actor.where_ref = None
         if where is None:
             return
-        child.node, child.pid = where["ip"], where["pid"]
+        actor.node, actor.pid = where["ip"], where["pid"]
         self.event(
             "placed",
-            f"{child.role.who} runs on node {where['ip']} ({where['node_id'][:8]}, "
+            f"{actor.role.who} runs on node {where['ip']} ({where['node_id'][:8]}, "
             f"pid {where['pid']})",
-            rank=child.role.rank,
+            rank=actor.role.rank,
             node=where["ip"],
             node_id=where["node_id"],
             pid=where["pid"],
         )
 
-    def _answer(self, child: _RayChild) -> None:
+    def _answer(self, actor: _Actor) -> None:
         import ray
 
-        ref, child.poll_ref = child.poll_ref, None
+        ref, actor.poll_ref = actor.poll_ref, None
         try:
             out = ray.get(ref, timeout=CALL_TIMEOUT_S)
         except Exception:  # the actor is gone: its run ref says how
             return
-        child.answered = True
-        child.steps = out["steps"]
-        child.silent, child.starting = out["silent"], out["starting"]
+        actor.answered = True
+        actor.steps = out["steps"]
+        actor.silent, actor.starting = out["silent"], out["starting"]
         if out["records"]:
             self.monitor.on_records(out["records"])
         if out.get("model"):  # a reference, passed on to the workers unread
@@ -404,19 +453,37 @@ class _RaySupervisor(Supervisor):
         if out.get("hub"):
             self.hub_info = out["hub"]
 
-    def refresh(self, timeout: float = CALL_TIMEOUT_S) -> None:
-        """The train process's model, optimizers and modules of now, into the driver's copies:
-        called before the host reads them (once per tick at most: a checkpoint reads them
-        all), and once at the end. A train process that is gone or not started yet leaves them
-        as they were."""
+    def last_poll(self, actor: _Actor) -> None:
+        """Take what ``actor`` reported after its last poll (its function returned)."""
         import ray
 
-        trainer = next((c for c in self._children() if c.role.role == "trainer"), None)
-        if self.final or self.fetched_at == self.ticks or trainer is None or trainer.handle is None:
+        with contextlib.suppress(Exception):  # the actor is gone: nothing more to take
+            if actor.poll_ref is not None:  # sent before the function returned: take it first
+                ray.wait([actor.poll_ref], timeout=CALL_TIMEOUT_S)
+                self._answer(actor)
+            # then one sent now, which counts the function's last steps and records
+            self.send_poll(actor)
+            ray.wait([actor.poll_ref], timeout=CALL_TIMEOUT_S)
+            self._answer(actor)
+
+    def refresh(self, final: bool = False) -> None:
+        """The train process's model, optimizers and modules of now, into the driver's copies:
+        called before the host reads them (once per tick at most: a checkpoint reads them
+        all). Once the run is stopping (``final``, or every child stopped) the next read is
+        the last: the driver's copies are the run's from then on. A train process that is gone
+        or not started yet leaves them as they were."""
+        import ray
+
+        trainer = self.actors.get(self.job.run.workers) if self.job.algorithm.train else None
+        if self.final or trainer is None or trainer.actor is None:
             return
-        self.fetched_at = self.ticks
+        final = final or all(a._ended is not None for a in self.actors.values())
+        if not final and self.fetched_at == self.ticks:
+            return
+        self.fetched_at, self.final = self.ticks, final
+        timeout = STOP_GRACE_S if final and not _ready(trainer.run_ref) else CALL_TIMEOUT_S
         with contextlib.suppress(ray.exceptions.RayError, TimeoutError):
-            state = ray.get(trainer.handle.state.remote(), timeout=timeout)
+            state = ray.get(trainer.actor.state.remote(), timeout=timeout)
             if state:
                 self._load_state(state, timeout)
                 self.state_fetches += 1
@@ -441,10 +508,10 @@ class _RaySupervisor(Supervisor):
         for name, saved in modules.items():
             getattr(self.state, name).load_state_dict(saved)
 
-    def pause(self, until: float, children: Sequence[Child]) -> None:
+    def wait(self, until: float, handles: Sequence[Any]) -> None:
         import ray
 
-        runs = [c.run_ref for c in self._children() if c in children]
+        runs = [h.run_ref for h in handles]
         left = until - time.monotonic()
         if left <= 0:
             return
@@ -453,127 +520,29 @@ class _RaySupervisor(Supervisor):
         else:
             time.sleep(left)
 
-    def life(self, child: Child, now: float) -> tuple[float | None, bool]:
-        """Its heartbeat's age at the last answer, or, when a poll is not answered, how long
-        it has been waiting."""
-        assert isinstance(child, _RayChild)
-        starting = not child.answered or child.starting
-        if not child.answered:
-            return now - child.started_at, starting
-        if child.poll_ref is not None and now - child.poll_sent > 1.0:
-            return now - child.poll_sent, starting
-        return child.silent, starting
-
-    def running(self, child: Child) -> bool:
-        return not _ready(child.run_ref)  # type: ignore[attr-defined]
-
-    def exit_of(self, child: Child) -> ChildFailure | None:
-        """``child``'s run returned or its actor died: ``None`` when it returned normally."""
-        import ray
-
-        assert isinstance(child, _RayChild)
-        if not _ready(child.run_ref):
-            return RUNNING
-        where = f" on node {child.node}" if child.node else ""
-        try:
-            result = ray.get(child.run_ref, timeout=CALL_TIMEOUT_S)
-        except ray.exceptions.RayActorError as exc:
-            reason = f"its actor died{where}: {cluster.cause(exc)}"
-            return base.failure(child.role, None, reason=reason)
-        except ray.exceptions.RayError as exc:
-            return base.failure(child.role, 1, str(exc), reason="could not start its actor")
-        self._last_poll(child)
-        if result["code"] == 0:
-            if child.role.role != "trainer":  # the train process's final state is read later
-                self.kill(child)
-            return None
-        return base.failure(child.role, 1, result["traceback"], reason=f"raised{where}")
-
-    def _last_poll(self, child: _RayChild) -> None:
-        """Take what ``child`` reported after its last poll (its function returned)."""
-        import ray
-
-        with contextlib.suppress(Exception):  # the actor is gone: nothing more to take
-            if child.poll_ref is not None:  # sent before the function returned: take it first
-                ray.wait([child.poll_ref], timeout=CALL_TIMEOUT_S)
-                self._answer(child)
-            # then one sent now, which counts the function's last steps and records
-            child.poll_ref = child.handle.poll.remote(False, sum(self.steps()))
-            ray.wait([child.poll_ref], timeout=CALL_TIMEOUT_S)
-            self._answer(child)
-
     # -- ending them ---------------------------------------------------------------------------
-
-    def kill(self, child: Child, hung: bool = False) -> tuple[int | None, str]:
-        import ray
-
-        if child.handle is not None:
-            ray.kill(child.handle, no_restart=True)
-            child.handle = None
-        return None, ""
-
-    def discard(self, child: Child) -> None:
-        """Kill the failed actor (what it committed is in the hub), keep its steps."""
-        assert isinstance(child, _RayChild)
-        self.kill(child)
-        child.base_steps += child.steps
-        child.steps = 0
-
-    def escalate(self, child: Child, action: str) -> str:
-        return "killing its actor"  # after_stop kills it, once the final state is read
-
-    def stop_failure(self, child: Child) -> ChildFailure | None:
-        import ray
-
-        assert isinstance(child, _RayChild)
-        if not _ready(child.run_ref):
-            return None
-        try:
-            result = ray.get(child.run_ref, timeout=CALL_TIMEOUT_S)
-        except ray.exceptions.RayError:
-            return None
-        self._last_poll(child)
-        if result["code"] != 0:
-            return base.failure(child.role, 1, result["traceback"], reason="raised")
-        return None
-
-    def after_stop(self) -> None:
-        """The train process's final state (of one that did not stop in time too: its actor is
-        still there), then every actor but the hub killed (the hub answers the final
-        checkpoint)."""
-        trainer = next((c for c in self._children() if c.role.role == "trainer"), None)
-        if trainer is not None:
-            self.fetched_at = -1
-            self.refresh(CALL_TIMEOUT_S if _ready(trainer.run_ref) else STOP_GRACE_S)
-        self.final = True  # what the final checkpoint reads (the policy check's weights too)
-        for child in self.children:
-            if child.handle is not self.hub:
-                self.kill(child)
-
-    def kill_all(self) -> None:
-        self.final = True
-        for child in self.children:
-            self.kill(child)
 
     def release(self) -> None:
         import ray
 
+        self.final = True
         if self.stop_ref is not None:  # read, so that a hub gone meanwhile logs no error
             with contextlib.suppress(Exception):
                 ray.get(self.stop_ref, timeout=1.0)
-        if self.hub is not None:
-            ray.kill(self.hub, no_restart=True)
+        for actor in [*self.made.values(), self.hub]:  # the hub's host among them
+            if actor is not None:
+                ray.kill(actor, no_restart=True)
         # a killed actor's task fails once Ray has seen its process end: wait for that, so
         # that no actor process outlives the driver's exit (bounded: Ray reaps the rest)
         deadline = time.monotonic() + ACTORS_GONE_S
-        runs = [c.run_ref for c in self._children() if c.run_ref is not None]
+        runs = [a.run_ref for a in self.started]
         with contextlib.suppress(Exception):
             ray.wait(runs, num_returns=len(runs), timeout=ACTORS_GONE_S)
         # Ray sees a process end a few tens of milliseconds before it is gone: on this machine,
         # wait for that too
         here = ray.util.get_node_ip_address()
-        for child in self._children():
-            while child.node == here and _actor_alive(child.pid) and time.monotonic() < deadline:
+        for actor in self.started:
+            while actor.node == here and _actor_alive(actor.pid) and time.monotonic() < deadline:
                 time.sleep(0.01)
         if self.server is not None:
             self.server.shutdown()

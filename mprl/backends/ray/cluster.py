@@ -3,84 +3,16 @@ asks of the cluster, and Ray's errors in words. Ray is imported only when a run 
 
 from __future__ import annotations
 
-import json
-import math
 import socket
 import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import attrs
-from attrs import validators as v
-
-from mprl.backends import ray_start
+from mprl import startup
+from mprl.backends.ray import start as ray_start
+from mprl.backends.ray.options import INSTALL, RayOptions, learner_resources  # noqa: F401
 from mprl.errors import UsageError
-
-INSTALL = 'pip install "mprl[ray]"'
-
-
-def _resources(instance: Any, attribute: attrs.Attribute, value: str) -> None:
-    try:
-        learner_resources(value)
-    except UsageError as exc:
-        raise ValueError(str(exc)) from None
-
-
-@attrs.frozen
-class RayOptions:
-    """The Ray backend's run options (``--backend ray``), registered by it."""
-
-    ray_address: str = attrs.field(
-        default="",
-        metadata={
-            "help": "join the Ray cluster at HOST:PORT (default: $RAY_ADDRESS, else start Ray "
-            "on this machine for the run)"
-        },
-    )
-    worker_cpus: float = attrs.field(
-        default=1.0, validator=v.gt(0), metadata={"help": "CPUs each worker actor reserves"}
-    )
-    learner_resources: str = attrs.field(
-        default="",
-        validator=_resources,
-        metadata={
-            "help": "what the train process's actor reserves, as JSON "
-            """(default '{"CPU": 1}'; e.g. '{"CPU": 1, "GPU": 1}')"""
-        },
-    )
-    no_shared_memory: bool = attrs.field(
-        default=False,
-        metadata={
-            "help": "every rollout and weights version goes through Ray calls, also for the "
-            "workers on the train process's machine (which by default use shared memory)"
-        },
-    )
-
-
-def learner_resources(text: str) -> dict[str, float]:
-    """``--learner-resources`` read: a JSON object of resource names to amounts."""
-    if not text:
-        return {"CPU": 1.0}
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise UsageError(
-            f"--learner-resources {text!r}: not JSON ({exc}); e.g. '{{\"GPU\": 1}}'"
-        ) from None
-    if not isinstance(value, dict) or not all(
-        isinstance(k, str)
-        and isinstance(n, int | float)
-        and not isinstance(n, bool)
-        and math.isfinite(n)
-        and n >= 0
-        for k, n in value.items()
-    ):
-        raise UsageError(
-            f"--learner-resources {text!r}: expected an object of resource names to finite "
-            'amounts >= 0, e.g. \'{"CPU": 1, "GPU": 1}\''
-        )
-    return {k: float(v) for k, v in value.items()}
 
 
 def actor_options(resources: Mapping[str, float]) -> dict[str, Any]:
@@ -100,17 +32,17 @@ CONNECT_TIMEOUT_S = 60.0
 
 def connect(address: str, cpus_needed: float) -> Path | None:
     """Join the Ray cluster at ``address``, or start Ray on this machine for the run when it is
-    empty (or take the one :func:`mprl.backends.ray_start.start_early` started, when it has
+    empty (or take the one started ahead, :func:`mprl.backends.ray.start.start`, when it has
     the CPUs); the embedded Ray's session directory (``None`` for a cluster). Raises
     :class:`UsageError` naming the address when there is no Ray cluster to join."""
     import ray
 
-    started = ray_start.take_early()
-    if started is not None:
-        session, failed = started
+    early = startup.claim("ray")
+    if early is not None:
+        session, failed = early.take()
         if failed is None and not address and ray.cluster_resources().get("CPU", 0) >= cpus_needed:
             return session
-        ray_start.stop(session)  # a config file's address, more CPUs, or it failed: started anew
+        early.stop()  # a config file's address, more CPUs, or it failed: started anew
     if address:
         check_address(address)  # ray.init would retry one with no Ray there for minutes
         with ray_start.without(ray_start.INIT_LOGGER, ray_start.THREAD_NOTE):

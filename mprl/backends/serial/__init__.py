@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from mprl.backends.inprocess import InProcessManager
 from mprl.backends.serial.backend import SerialBackend
-from mprl.backends.serial.manager import InProcessManager
 from mprl.hookspecs import hookimpl
 
 __all__ = ["InProcessManager", "SerialBackend"]

@@ -18,7 +18,6 @@ globals of a plugin are shared by all its "processes" here, unlike in spawned pr
 
 from __future__ import annotations
 
-import copy
 import random
 import threading
 import time
@@ -31,8 +30,8 @@ import torch
 
 from mprl.backends import base
 from mprl.backends.base import Job, Monitor, Outcome, Role
-from mprl.backends.child import run_child
-from mprl.backends.serial.manager import InProcessManager
+from mprl.backends.child import own_objects, run_child
+from mprl.backends.inprocess import InProcessManager
 from mprl.context import Context, episode_record
 from mprl.run_types import ChildFailure
 from mprl.schema import SharedState
@@ -73,32 +72,6 @@ class _Proc:
                 run.stop("failed")
         self.live = False
         run.finished(self)
-
-
-def _alias(t: torch.Tensor) -> torch.Tensor:
-    """A new tensor object over ``t``'s memory: writes show in both, autograd versions do not."""
-    alias = torch.empty(0, dtype=t.dtype).set_(
-        t.untyped_storage(), t.storage_offset(), t.size(), t.stride()
-    )
-    if isinstance(t, torch.nn.Parameter):
-        return torch.nn.Parameter(alias, requires_grad=t.requires_grad)
-    return alias
-
-
-def _own_objects(job: Job) -> tuple[Any, Any, Any]:
-    """What unpickling gives a spawned process: its own model and optimizers whose tensors are
-    new tensor objects over the shared memory.
-
-    So, as across processes, one process's ``optimizer.step()`` changes the values another one
-    computes with but not the autograd version of its tensors (its ``backward()`` does not fail
-    with "modified by an inplace operation"), and each process has its own ``.grad``.
-    """
-    tensors = [*job.model.parameters(), *job.model.buffers()]
-    for optimizer in job.all_optimizers():
-        for state in optimizer.state.values():
-            tensors += [v for v in state.values() if isinstance(v, torch.Tensor)]
-    memo: dict[int, Any] = {id(t): _alias(t) for t in tensors}
-    return copy.deepcopy((job.model, job.optimizer, dict(job.optimizers)), memo)
 
 
 class _SerialChannel:
@@ -187,7 +160,7 @@ class _SerialRun:
 
     def _proc(self, index: int, role: Role) -> _Proc:
         job = self.job
-        model, optimizer, optimizers = _own_objects(job)
+        model, optimizer, optimizers = own_objects(job.model, job.optimizer, job.optimizers)
         ctx = attrs.evolve(
             job.context(role, self.state, self.channel),
             model=model, optimizer=optimizer, optimizers=optimizers,

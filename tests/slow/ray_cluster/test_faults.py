@@ -245,27 +245,18 @@ def test_ctrl_c_while_ray_starts_ahead_of_the_run_stops_it_and_leaves_nothing(
 #: busy to start it would: every call to it is answered by a Ray task that sleeps first
 SLOW_HUB = """
 import sys, time, ray
-from mprl.backends.ray import transport
-transport.START_TIMEOUT_S = float(sys.argv[1])
+from mprl.transport import client, raylink
+client.START_TIMEOUT_S = float(sys.argv[1])
 
 @ray.remote(num_cpus=0)
 def later():
     time.sleep(60)
 
-class Slow:
-    def __init__(self, hub):
-        self.hub = hub
-        self.hub_call = self
+def call(self, method, *args):
+    print("mprl-test: the hub is called", file=sys.stderr, flush=True)
+    return later.remote()
 
-    def remote(self, *args):
-        print("mprl-test: the hub is called", file=sys.stderr, flush=True)
-        return later.remote()
-
-    def __getattr__(self, name):
-        return getattr(self.hub, name)
-
-built = transport.RayStateBuilder.__init__
-transport.RayStateBuilder.__init__ = lambda self, m, hub, *a, **k: built(self, m, Slow(hub), *a, **k)
+raylink.RayLink.call = call  # (the driver's calls: the actors' own are not patched)
 from mprl.tools.cli import main
 sys.exit(main(sys.argv[2:]))
 """

@@ -1,14 +1,46 @@
 """Which command lines start something ahead before anything is imported (``python -m mprl
-run``'s first act): the local backend's forkserver for its runs that fork their children, a Ray
-on this machine (with the CPUs the run reserves) for a Ray run with no address, and nothing
+run``'s first act, :mod:`mprl.startup`): the command line read once, its defaults from the
+option classes; the local backend's forkserver for its runs that fork their children, a Ray on
+this machine (with the CPUs the run reserves) for a Ray run with no address, and nothing
 else."""
 
 from __future__ import annotations
 
+import importlib.metadata as md
+
 import pytest
 
-from mprl.backends.forkserver import wants_forkserver
-from mprl.backends.ray_start import wants_embedded
+from mprl import startup
+from mprl.backends.local import forkserver
+from mprl.backends.ray import start as ray_start
+from mprl.run_types import RunConfig
+
+
+def wants_forkserver(argv: list[str]) -> bool:
+    command = startup.preparse(argv)
+    return command is not None and forkserver.wants_forkserver(command)
+
+
+def wants_embedded(argv: list[str]) -> float | None:
+    command = startup.preparse(argv)
+    return None if command is None else ray_start.wants_embedded(command)
+
+
+def test_the_command_line_is_read_once_with_the_option_classes_defaults(monkeypatch):
+    monkeypatch.setattr("os.cpu_count", lambda: 6)
+    command = startup.preparse(["run", "--workers=3", "--worker-cpus", "0.5", "--serial"])
+    assert command is not None
+    assert command.options == {"workers": "3", "worker_cpus": "0.5", "serial": ""}
+    assert command.value(RunConfig, "workers") == 3
+    assert command.value(RunConfig, "backend") == RunConfig().backend  # not given: the default
+    assert startup.preparse(["run", "--workers", "x"]).value(RunConfig, "workers") == 6
+    assert startup.preparse(["plugins"]) is None and startup.preparse(["run", "-h"]) is None
+
+
+def test_the_early_starts_are_entry_points_of_their_backends():
+    starts = {e.name: e.value for e in md.entry_points(group=startup.GROUP)}
+    assert starts["local"] == "mprl.backends.local.forkserver:start"
+    assert starts["ray"] == "mprl.backends.ray.start:start"
 
 
 @pytest.mark.parametrize(
@@ -54,8 +86,8 @@ def test_a_ray_run_with_no_address_starts_its_ray_ahead_with_the_cpus_it_reserve
     learner = ["--learner-resources", '{"CPU": 2, "GPU": 1}']
     assert wants_embedded(["run", "--backend", "ray", "--workers=4", "--worker-cpus", "0.5",
                            *learner]) == 4  # fmt: skip
-    # a value the parser refuses later: Ray starts with the machine's cores (its floor)
-    assert wants_embedded(["run", "--backend", "ray", "--workers", "many"]) == 0
+    # a value the parser refuses later: as if not given (the parser says what is wrong)
+    assert wants_embedded(["run", "--backend", "ray", "--workers", "many"]) == 7
 
 
 @pytest.mark.parametrize(

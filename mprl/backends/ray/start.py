@@ -1,26 +1,27 @@
 """Ray started on this machine for one run (``--backend ray`` with no address): its start, its
-stop, and the early start of ``python -m mprl run --backend ray``, which begins Ray's start as
-the command's first act, so Ray's processes start while the main process imports torch and
-prepares the run (as the local backend's forkserver does, :mod:`mprl.backends.forkserver`).
+stop, and the early start of ``python -m mprl run --backend ray`` (:mod:`mprl.startup`), which
+begins Ray's start as the command's first act, so Ray's processes start while the main process
+imports torch and prepares the run (as the local backend's forkserver does).
 
-Nothing here imports torch or the Ray backend: ``mprl/__main__.py`` imports it first.
+Nothing here imports torch or the Ray backend.
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import importlib.util
-import json
 import logging
 import os
 import shutil
 import signal
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 
-from mprl.backends import forkserver
+from mprl.backends.ray.options import RayOptions, learner_resources
+from mprl.errors import UsageError
+from mprl.run_types import RunConfig
+from mprl.startup import Command, exit_on_terminate
 from mprl.timeline import mark
 
 QUIET = {"log_to_driver": False, "logging_level": "WARNING"}
@@ -55,110 +56,81 @@ def stop(session: Path | None) -> None:
     import ray
 
     ray.shutdown()
-    _release.set()
     if session is not None:
         remove_session(session)
 
 
 # -- the early start -------------------------------------------------------------------------
 
-#: whether :func:`start_early` started Ray that no run has taken yet; what the start ended
-#: with (``(session, None)`` or ``(None, exception)``), once ``_started`` is set; and
-#: ``_release``, set once Ray is stopped (the thread that started it ends then)
-_early = False
-_early_out: list[tuple[Path | None, BaseException | None]] = []
-_started = threading.Event()
-_release = threading.Event()
 
-
-def wants_embedded(argv: Sequence[str]) -> float | None:
-    """The CPUs a run of command line ``argv`` (``python -m mprl``'s) reserves on a Ray started
-    on this machine for it, as far as the command line and ``RAY_ADDRESS`` say (a config file
-    may still name an address, another backend or other counts); ``None`` when it runs on no
-    such Ray."""
-    args = list(argv)
-    if not args or args[0] != "run" or os.environ.get("RAY_ADDRESS"):
+def wants_embedded(command: Command) -> float | None:
+    """The CPUs a run of ``command`` reserves on a Ray started on this machine for it, as far
+    as the command line and ``RAY_ADDRESS`` say (a config file may still name an address,
+    another backend or other counts); ``None`` when it runs on no such Ray."""
+    if command.value(RunConfig, "backend") != "ray" or os.environ.get("RAY_ADDRESS"):
         return None
-    given: dict[str, str] = {}
-    for i, arg in enumerate(args):
-        name, eq, value = arg.partition("=")
-        if name in ("-h", "--help", "--ray-address"):
-            return None
-        if not eq and i + 1 < len(args):
-            value = args[i + 1]
-        given[name] = value
-    if given.get("--backend") != "ray" or importlib.util.find_spec("ray") is None:
+    if "ray_address" in command.options or importlib.util.find_spec("ray") is None:
         return None
-    try:  # as RunConfig and RayOptions default them; a bad value is the parser's to say
-        workers = int(given.get("--workers", os.cpu_count() or 1))
-        worker_cpus = float(given.get("--worker-cpus", 1.0))
-        learner = json.loads(given.get("--learner-resources") or "{}").get("CPU", 1.0)
-        return workers * worker_cpus + float(learner)
-    except (ValueError, TypeError, AttributeError):
-        return 0.0
+    try:
+        learner = learner_resources(command.value(RayOptions, "learner_resources"))
+    except UsageError:  # the command's parser says what is wrong
+        learner = {}
+    workers = command.value(RunConfig, "workers")
+    return workers * command.value(RayOptions, "worker_cpus") + learner.get("CPU", 1.0)
 
 
-def start_early(argv: Sequence[str]) -> bool:
-    """Start Ray on this machine in a thread now when command line ``argv``
-    :func:`wants_embedded`: Ray's processes start while this process imports torch and
-    prepares the run, which then takes it (:func:`mprl.backends.ray.cluster.connect`). True
-    when it was started. A run that turns out not to use it stops it once its backend has
-    prepared (:func:`stop_unclaimed`), and so does this process's exit (a usage error,
-    Ctrl-C)."""
-    global _early
-    cpus = wants_embedded(argv)
-    if cpus is None:
-        return False
-    _early_out.clear()
-    _started.clear()
-    _release.clear()
-    forkserver.exit_on_terminate()  # Ray's start ends, then it is stopped (below)
-    import ray  # noqa: F401  (here: its atexit shutdown then runs after stop_unclaimed)
+class EarlyRay:
+    """Ray starting on this machine in a thread (:func:`start`'s handle): Ray's processes
+    start while this process imports torch and prepares the run, which then takes it
+    (:func:`mprl.backends.ray.cluster.connect`)."""
 
-    def start() -> None:
+    def __init__(self, cpus: float) -> None:
+        self.out: list[tuple[Path | None, BaseException | None]] = []
+        self.started = threading.Event()
+        self.released = threading.Event()
+        import ray  # noqa: F401  (here: its atexit shutdown then runs after ours)
+
+        threading.Thread(target=self._start, args=(cpus,), name="mprl-ray-start",
+                         daemon=True).start()  # fmt: skip
+
+    def _start(self, cpus: float) -> None:
         try:
-            _early_out.append((start_here(cpus), None))
+            self.out.append((start_here(cpus), None))
         except BaseException as exc:  # said by connect(), which starts Ray again
-            _early_out.append((None, exc))
-        _started.set()
+            self.out.append((None, exc))
+        self.started.set()
         # Linux sends Ray's processes the parent-death signal when the thread that started
         # them ends, not the process: this thread lives until Ray is stopped
-        _release.wait()
+        self.released.wait()
 
-    # an exit joins the start first (stop_unclaimed), then stops Ray
-    atexit.register(stop_unclaimed)
-    threading.Thread(target=start, name="mprl-ray-start", daemon=True).start()
-    _early = True
-    return True
+    def take(self) -> tuple[Path | None, BaseException | None]:
+        """What the start ended with, once it has ended: ``(session, None)`` or ``(None,
+        exception)``. A Ctrl-C meanwhile comes once Ray has started (it is stopped again)."""
+        try:
+            while not self.started.wait(0.1):  # a Ctrl-C comes between two waits
+                pass
+        except KeyboardInterrupt:
+            self.started.wait()
+            self.stop()
+            raise
+        return self.out[0]
+
+    def stop(self) -> None:
+        """Stop the Ray it started (once started), and remove its logs."""
+        self.started.wait()
+        stop(self.out[0][0])
+        self.released.set()
 
 
-def started_early() -> bool:
-    """Whether :func:`start_early` started Ray and no run has taken it yet."""
-    return _early
-
-
-def take_early() -> tuple[Path | None, BaseException | None] | None:
-    """What :func:`start_early` started, once its start has ended; ``None`` when it started
-    nothing. A Ctrl-C meanwhile comes once Ray has started (it is stopped again)."""
-    global _early
-    if not _early:
+def start(command: Command) -> EarlyRay | None:
+    """The early start (entry point ``mprl.early: ray``): Ray on this machine, in a thread,
+    when ``command`` :func:`wants_embedded` it. A run that turns out not to use it stops it
+    once its backend has prepared, and so does this process's exit (a usage error, Ctrl-C)."""
+    cpus = wants_embedded(command)
+    if cpus is None:
         return None
-    _early = False
-    try:
-        while not _started.wait(0.1):  # a Ctrl-C comes between two waits
-            pass
-    except KeyboardInterrupt:
-        _started.wait()
-        stop(_early_out[0][0])
-        raise
-    return _early_out[0]
-
-
-def stop_unclaimed() -> None:
-    """Stop the Ray :func:`start_early` started when no run took it."""
-    started = take_early()
-    if started is not None:
-        stop(started[0])
+    exit_on_terminate()  # Ray's start ends, then it is stopped
+    return EarlyRay(cpus)
 
 
 @contextlib.contextmanager

@@ -1,7 +1,7 @@
-"""Manager objects without a Manager server: what the serial backend builds a schema's Manager
-kinds with, and what :func:`mprl.testing.build_state` uses. Lists and dicts are plain ones;
-locks, events, barriers and queues wait by calling ``pause()``, where the serial backend gives
-the other processes their turn."""
+"""Manager objects without a Manager server, for a backend whose children share the main
+process (the serial backend, a threads backend) and for :func:`mprl.testing.build_state`. Lists
+and dicts are plain ones; locks, events, barriers and queues wait by calling ``pause()`` (by
+default a short sleep; the serial backend gives the other processes their turn there)."""
 
 from __future__ import annotations
 

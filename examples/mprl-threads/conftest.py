@@ -1,0 +1,3 @@
+"""Enables mprl's test fixtures and suites."""
+
+pytest_plugins = ["mprl.testing"]

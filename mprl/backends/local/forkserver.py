@@ -1,0 +1,110 @@
+"""How the local backend's children start, without importing torch: the start context, the
+forkserver, and its early start.
+
+``python -m mprl run`` offers its command line to the early starts (:mod:`mprl.startup`) as
+its first act; this one (:func:`start`) starts the forkserver for a run of the local backend
+with forked children, so the server imports torch and gymnasium on the second core while the
+main process imports them on the first: the children fork from a ready server the moment the
+run starts them (see benchmarks/README.md, "startup.py"). The local backend claims it once it
+is prepared (:func:`mprl.startup.claim`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing as mp
+import os
+import signal
+from typing import Any
+
+import attrs
+from attrs import validators as v
+
+from mprl.backends.processes import child_environment
+from mprl.run_types import RunConfig
+from mprl.startup import Command, exit_on_terminate
+
+#: what a forkserver imports once, before it forks the run's children: a child then starts
+#: without importing them itself (about 1.5 s of CPU each on this project's machines); first,
+#: the group's signals ignored (:mod:`mprl.backends.local.forkserver_init`)
+FORKSERVER_PRELOAD = (
+    "mprl.backends.local.forkserver_init",
+    "torch",
+    "gymnasium",
+    "mprl.backends.local.backend",
+)
+START_METHODS = tuple(m for m in ("forkserver", "spawn") if m in mp.get_all_start_methods())
+
+
+@attrs.frozen
+class LocalOptions:
+    """The local backend's run options (``--backend local``, the default), registered by it."""
+
+    start_method: str = attrs.field(
+        default=START_METHODS[0],
+        validator=v.in_(START_METHODS),
+        metadata={
+            "help": "how children start: forkserver (forked from a server that imported torch "
+            "and gymnasium once: no import per child) or spawn (a fresh interpreter each)"
+        },
+    )
+
+
+def start_context(method: str) -> Any:
+    """The multiprocessing context children start from: ``"forkserver"`` (each child forked
+    from a server process that imported :data:`FORKSERVER_PRELOAD`: a fresh server per run,
+    started by the first child or by :func:`start`, and stopped by :func:`stop_forkserver`) or
+    ``"spawn"`` (a fresh interpreter per child). Neither inherits the main process's threads or
+    state: a child gets its context by pickle, as under spawn."""
+    context = mp.get_context(method)
+    if method == "forkserver":
+        context.set_forkserver_preload(list(FORKSERVER_PRELOAD))
+    return context
+
+
+def stop_forkserver() -> None:
+    """Stop this process's forkserver, if one runs, once the run's children have ended: it
+    would otherwise live as long as the main process (the next run starts another). It is
+    killed: it holds nothing to save, and its interpreter's teardown (torch loaded) would
+    take a few tenths of a second of the run's end."""
+    from multiprocessing import forkserver
+
+    server = forkserver._forkserver  # type: ignore[attr-defined]
+    with contextlib.suppress(Exception):
+        if server._forkserver_pid is not None:
+            os.kill(server._forkserver_pid, signal.SIGKILL)
+        server._stop()  # reaps it and removes its socket
+
+
+class EarlyServer:
+    """The forkserver :func:`start` started (:mod:`mprl.startup`'s handle)."""
+
+    def stop(self) -> None:
+        stop_forkserver()
+
+
+def wants_forkserver(command: Command) -> bool:
+    """Whether ``command`` runs the local backend with its children forked from a forkserver,
+    as far as it says (a config file or a resumed run may still name another backend)."""
+    if command.value(RunConfig, "backend") != "local" or "serial" in command.options:
+        return False
+    return command.value(LocalOptions, "start_method") == "forkserver"
+
+
+def start(command: Command) -> EarlyServer | None:
+    """The early start (entry point ``mprl.early: local``): the forkserver, when ``command``
+    :func:`wants_forkserver` (stopped once the run's backend is prepared, if it is another)."""
+    if not wants_forkserver(command):
+        return None
+    from multiprocessing import forkserver
+
+    from mprl.timeline import mark
+
+    # the server's socket is in this process's temp dir, removed on exit; the server leaves
+    # when this process has gone
+    exit_on_terminate()
+    start_context("forkserver")
+    with child_environment(1):
+        forkserver.ensure_running()  # returns at once: the server imports in the background
+    mark("forkserver", server=forkserver._forkserver._forkserver_pid)  # type: ignore[attr-defined]
+    return EarlyServer()
