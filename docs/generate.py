@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 
 import attrs
 
-from mprl import hookspecs, run_types, schema, transport
+from mprl import hookspecs, kinds, run_types, schema, transport
 
 DOCS = Path(__file__).resolve().parent
 ROOT = DOCS.parent
@@ -272,8 +272,9 @@ def render_schema() -> str:
         "|---|---|---|",
     ]
     for kind in schema.KINDS:
-        where = "Manager server" if kind.needs_manager else "shared memory"
-        saved = "yes" if kind.snapshot is not schema.Field.snapshot else "no"
+        handler = kinds.HANDLERS[kind]
+        where = "Manager server" if handler.manager else "shared memory"
+        saved = "yes" if type(handler).snapshot is not kinds._Kind.snapshot else "no"
         out.append(f"| [`{kind.__name__}`](#{kind.__name__.lower()}) | {where} | {saved} |")
     for kind in schema.KINDS:
         doc = kind.__dict__.get("__doc__")

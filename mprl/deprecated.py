@@ -26,6 +26,7 @@ in ``mprl/__init__.py``, the ``forward`` lines, and the ``deprecated`` uses in
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.abc
 import importlib.machinery
@@ -149,6 +150,58 @@ MOVED_SINCE_0_1_0: dict[str, dict[str, str]] = {
         ),
     },
 }
+
+
+MOVED_SINCE_0_1_0["mprl.schema"] = {"Builder": "mprl.kinds:Builder"}
+
+#: what a field declaration or a schema did at run time in 0.2.0's drafts, and where it is now
+#: (mprl.kinds, the backends' and the host's side): ``Owner.method`` -> how to call it now
+MOVED_METHODS: dict[str, str] = {
+    "Field.build": "mprl.kinds.of(field).build(field, builder, dims)",
+    "Field.snapshot": "mprl.kinds.of(field).snapshot(field, built)",
+    "Field.restore": "mprl.kinds.of(field).restore(field, built, data)",
+    "Field.fit": "mprl.kinds.of(field).fit(field, data, dims)",
+    "Field.memory": "mprl.kinds.of(field).memory(field, dims)",
+    "Field.check_dims": "mprl.kinds.of(field).check_dims(field, dims)",
+    "Field.check": "nothing: Schema(...) checks its fields as it is made",
+    "Field.needs_manager": "mprl.kinds.of(field).manager",
+    "ReplayBuffer.pace": "mprl.kinds.pace(field, dims)",
+    "Schema.build": "mprl.kinds.build(schema, builder, dims)",
+    "Schema.snapshot": "mprl.kinds.snapshot(schema, state)",
+    "Schema.restore": "mprl.kinds.restore(schema, state, saved)",
+    "Schema.fit": "mprl.kinds.fit(schema, saved, dims)",
+    "Schema.memory": "mprl.kinds.memory(schema, dims)",
+    "Schema.check_dims": "mprl.kinds.check_dims(schema, dims)",
+    "Schema.needs_manager": "mprl.kinds.needs_manager(schema)",
+}
+
+
+def moved_method(obj: Any, owner: str, name: str) -> Any:
+    """``obj.name`` of :data:`MOVED_METHODS` (``owner``: ``"Field"`` or ``"Schema"``), with a
+    warning; ``AttributeError`` for any other name."""
+    key = f"{owner}.{name}"
+    if key not in MOVED_METHODS and owner == "Field":
+        key = f"{type(obj).__name__}.{name}"
+    if key not in MOVED_METHODS or name.startswith("__"):
+        raise AttributeError(f"{type(obj).__name__!r} object has no attribute {name!r}")
+    message = (
+        f"mprl.schema.{key} is deprecated: use {MOVED_METHODS[key]} instead; "
+        f"it goes away in mprl {REMOVED_IN}"
+    )
+    warnings.warn(message, MprlDeprecationWarning, stacklevel=3)
+    kinds = importlib.import_module("mprl.kinds")  # by name, as every new place here (resolve)
+    if owner == "Schema":
+        return functools.partial(getattr(kinds, name), obj)
+    if name == "check":
+        return obj._check
+    if name == "pace":
+        return functools.partial(kinds.pace, obj)
+    handler = kinds.of(obj)
+    return (
+        handler.manager
+        if name == "needs_manager"
+        else functools.partial(getattr(handler, name), obj)
+    )
 
 
 def _moved(module: str) -> dict[str, str]:

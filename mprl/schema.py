@@ -38,13 +38,14 @@ import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from types import SimpleNamespace
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar
 
 import attrs
 import gymnasium as gym
 import numpy as np
 import torch
 
+from mprl import deprecated
 from mprl.errors import SchemaError
 
 RowSpec = Mapping[str, tuple[tuple[int, ...], torch.dtype]]  # {name: (shape of one row, dtype)}
@@ -100,77 +101,19 @@ def resolve(size: Size, dims: Dims, minimum: int = 1) -> int:
     return value
 
 
-def _spec(spec: RowSpec | Callable[[Dims], RowSpec], dims: Dims) -> dict[str, Any]:
-    """A row spec, called with ``dims`` when it is a function, and checked."""
-    out = dict(spec(dims) if callable(spec) else spec)
-    if not out:
-        raise ValueError("the spec has no fields")
-    for name, entry in out.items():
-        ok = isinstance(entry, tuple | list) and len(entry) == 2
-        if not (ok and isinstance(entry[1], torch.dtype)):
-            raise ValueError(f"spec field {name!r}: {entry!r} is not (shape, torch dtype)")
-        if not all(isinstance(n, int) and n >= 1 for n in entry[0]):
-            raise ValueError(f"spec field {name!r}: shape {tuple(entry[0])!r} must be ints >= 1")
-        out[name] = (tuple(entry[0]), entry[1])
-    return out
-
-
-def _bytes(spec: RowSpec, rows: int) -> int:
-    return sum(
-        rows * math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-        for shape, dtype in spec.values()
-    )
-
-
-class Builder(Protocol):
-    """What a backend gives :meth:`Field.build`: its way of making each kind."""
-
-    manager: Any  # SyncManager-like (list, dict, Lock, ...), None when no field needs one
-
-    def tensor(self, shape: tuple[int, ...], dtype: torch.dtype, fill: float) -> Any: ...
-    def rollouts(self, spec: RowSpec, workers: int, slots_per_worker: int) -> Any: ...
-    def weights(self) -> Any: ...
-    def replay(
-        self, row: RowSpec, capacity: int, workers: int, pace: ReplayPace | None = None
-    ) -> Any: ...
-    def counter(self, processes: int) -> Any: ...
-    def module(self, make: Callable[..., torch.nn.Module] | None, dims: Dims) -> Any: ...
-
-
 @attrs.frozen
 class Field:
     """Base of every declaration. ``kind`` names it in messages and docs."""
 
     kind: ClassVar[str] = "field"
-    #: lives in a Manager server on the local backend
-    needs_manager: ClassVar[bool] = False
 
-    def check(self) -> None:
+    def _check(self) -> None:
         """Raise ``ValueError`` describing what is wrong with this declaration."""
 
-    def check_dims(self, dims: Dims) -> None:
-        """Raise ``ValueError`` when the declaration does not fit a run of ``dims``."""
-
-    def build(self, builder: Builder, dims: Dims) -> Any:
-        raise NotImplementedError
-
-    def snapshot(self, built: Any) -> Any:
-        """Plain data or tensors to checkpoint, or ``None`` for kinds without data."""
-        return None
-
-    def restore(self, built: Any, data: Any) -> bool:
-        """Put checkpointed ``data`` back; False when it does not fit (another worker count)."""
-        return False
-
-    def fit(self, data: Any, dims: Dims) -> tuple[Any, str | None]:
-        """Checkpointed ``data`` made to fit a run of ``dims`` (a resume with another worker
-        count or config), and what was done to it in words (``None``: it fits as it is); raise
-        ``ValueError`` saying why when it cannot be made to fit."""
-        return data, None
-
-    def memory(self, dims: Dims) -> tuple[int, int]:
-        """(bytes, tensors) the field takes in tensors (``/dev/shm`` on the local backend)."""
-        return 0, 0
+    def __getattr__(self, name: str) -> Any:
+        """0.2.0's ``field.build(...)``, ``field.snapshot(...)`` ...: in :mod:`mprl.kinds` now,
+        with a warning (:mod:`mprl.deprecated`)."""
+        return deprecated.moved_method(self, "Field", name)
 
 
 _SCALARS = (int, float, bool, str, bytes, type(None))
@@ -185,10 +128,9 @@ class PerWorker(Field):
     """
 
     kind: ClassVar[str] = "PerWorker"
-    needs_manager: ClassVar[bool] = True
     initial: Any = None
 
-    def check(self) -> None:
+    def _check(self) -> None:
         if self.initial in (list, dict):
             return
         if not isinstance(self.initial, _SCALARS):
@@ -197,79 +139,17 @@ class PerWorker(Field):
                 "or the type list or dict"
             )
 
-    def build(self, builder: Builder, dims: Dims) -> Any:
-        manager, n = builder.manager, dims.workers
-        if self.initial is list:
-            return manager.list([manager.list() for _ in range(n)])
-        if self.initial is dict:
-            return manager.list([manager.dict() for _ in range(n)])
-        return manager.list([self.initial] * n)
-
-    def snapshot(self, built: Any) -> Any:
-        if self.initial is list:
-            return [list(slot) for slot in built]
-        if self.initial is dict:
-            return [dict(slot) for slot in built]
-        return list(built)
-
-    def restore(self, built: Any, data: Any) -> bool:
-        if len(data) != len(built):
-            return False
-        if self.initial in (list, dict):
-            for slot, saved in zip(built, data, strict=True):
-                if self.initial is list:
-                    slot[:] = saved
-                else:
-                    slot.clear()
-                    slot.update(saved)
-            return True
-        built[:] = data
-        return True
-
-    def fit(self, data: Any, dims: Dims) -> tuple[Any, str | None]:
-        initial = [] if self.initial is list else {} if self.initial is dict else self.initial
-        return _per_worker(list(data), dims.workers, initial)
-
-
-def _ranks(first: int, last: int) -> str:
-    return f"rank {first}" if first == last else f"ranks {first}-{last}"
-
-
-def _per_worker(data: list[Any], n: int, initial: Any) -> tuple[list[Any], str | None]:
-    """A per-worker list of another run, cut to ``n`` slots or extended with ``initial``."""
-    old = len(data)
-    if old == n:
-        return data, None
-    head = f"{old} slots saved, {n} in this run: {_ranks(0, min(old, n) - 1)} kept"
-    if old < n:
-        start = "starts" if n - old == 1 else "start"
-        return data + [initial] * (n - old), f"{head}, {_ranks(old, n - 1)} {start} at {initial!r}"
-    dropped = repr(data[n:])
-    shown = f" ({dropped})" if len(dropped) <= 60 else ""
-    return data[:n], f"{head}, the slots of {_ranks(n, old - 1)} dropped{shown}"
-
 
 @attrs.frozen
 class List(Field):
     """``manager.list(initial)``."""
 
     kind: ClassVar[str] = "List"
-    needs_manager: ClassVar[bool] = True
     initial: Sequence[Any] = ()
 
-    def check(self) -> None:
+    def _check(self) -> None:
         if isinstance(self.initial, str | bytes) or not isinstance(self.initial, Sequence):
             raise ValueError(f"initial value {self.initial!r} must be a list or tuple")
-
-    def build(self, builder: Builder, dims: Dims) -> Any:
-        return builder.manager.list(list(self.initial))
-
-    def snapshot(self, built: Any) -> Any:
-        return list(built)
-
-    def restore(self, built: Any, data: Any) -> bool:
-        built[:] = data
-        return True
 
 
 @attrs.frozen
@@ -277,23 +157,11 @@ class Dict(Field):
     """``manager.dict(initial)``."""
 
     kind: ClassVar[str] = "Dict"
-    needs_manager: ClassVar[bool] = True
     initial: Mapping[Any, Any] = attrs.field(factory=dict)
 
-    def check(self) -> None:
+    def _check(self) -> None:
         if not isinstance(self.initial, Mapping):
             raise ValueError(f"initial value {self.initial!r} must be a mapping")
-
-    def build(self, builder: Builder, dims: Dims) -> Any:
-        return builder.manager.dict(dict(self.initial))
-
-    def snapshot(self, built: Any) -> Any:
-        return dict(built)
-
-    def restore(self, built: Any, data: Any) -> bool:
-        built.clear()
-        built.update(data)
-        return True
 
 
 @attrs.frozen
@@ -301,39 +169,19 @@ class Namespace(Field):
     """``manager.Namespace(**initial)``: named scalars such as a global mode flag."""
 
     kind: ClassVar[str] = "Namespace"
-    needs_manager: ClassVar[bool] = True
     initial: Mapping[str, Any] = attrs.field(factory=dict)
 
-    def check(self) -> None:
+    def _check(self) -> None:
         if not isinstance(self.initial, Mapping):
             raise ValueError(f"initial value {self.initial!r} must be a mapping of names")
         bad = [k for k in self.initial if not (isinstance(k, str) and k.isidentifier())]
         if bad:
             raise ValueError(f"attribute names {bad!r} are not identifiers")
 
-    def build(self, builder: Builder, dims: Dims) -> Any:
-        return builder.manager.Namespace(**self.initial)
-
-    def snapshot(self, built: Any) -> Any:
-        return {k: v for k, v in vars(built._getvalue()).items() if not k.startswith("_")}
-
-    def restore(self, built: Any, data: Any) -> bool:
-        for key, value in data.items():
-            setattr(built, key, value)
-        return True
-
 
 @attrs.frozen
 class _Plain(Field):
     """A Manager kind made by calling the Manager's method of the same name."""
-
-    needs_manager: ClassVar[bool] = True
-
-    def build(self, builder: Builder, dims: Dims) -> Any:
-        return getattr(builder.manager, self.kind)(*self._args(dims))
-
-    def _args(self, dims: Dims) -> tuple[Any, ...]:
-        return ()
 
 
 @attrs.frozen
@@ -357,12 +205,9 @@ class Semaphore(_Plain):
     kind: ClassVar[str] = "Semaphore"
     value: int = 1
 
-    def check(self) -> None:
+    def _check(self) -> None:
         if isinstance(self.value, bool) or not isinstance(self.value, int) or self.value < 0:
             raise ValueError(f"value {self.value!r} must be an int >= 0")
-
-    def _args(self, dims: Dims) -> tuple[Any, ...]:
-        return (self.value,)
 
 
 @attrs.frozen
@@ -393,14 +238,8 @@ class Barrier(_Plain):
     kind: ClassVar[str] = "Barrier"
     parties: Size = "workers"
 
-    def check(self) -> None:
+    def _check(self) -> None:
         _check_size(self.parties)
-
-    def check_dims(self, dims: Dims) -> None:
-        resolve(self.parties, dims)
-
-    def _args(self, dims: Dims) -> tuple[Any, ...]:
-        return (resolve(self.parties, dims),)
 
 
 @attrs.frozen
@@ -421,7 +260,7 @@ class Queue(_Plain):
     kind: ClassVar[str] = "Queue"
     maxsize: Size = 0
 
-    def check(self) -> None:
+    def _check(self) -> None:
         if isinstance(self.maxsize, int) and not isinstance(self.maxsize, bool):
             if self.maxsize < 0:
                 raise ValueError(f"maxsize {self.maxsize!r} must be an int >= 0 (0: unbounded)")
@@ -433,14 +272,6 @@ class Queue(_Plain):
                 f"maxsize {self.maxsize!r} must be an int >= 0 (0: unbounded), 'workers', "
                 "'all', 'config.FIELD' or a function of mprl.schema.Dims"
             ) from None
-
-    def check_dims(self, dims: Dims) -> None:
-        self._args(dims)
-
-    def _args(self, dims: Dims) -> tuple[Any, ...]:
-        if isinstance(self.maxsize, int):
-            return (self.maxsize,)
-        return (resolve(self.maxsize, dims, minimum=0),)
 
 
 def _check_typecode(typecode: str) -> None:
@@ -456,19 +287,9 @@ class Value(_Plain):
     typecode: str = "d"
     initial: Any = 0
 
-    def check(self) -> None:
+    def _check(self) -> None:
         _check_typecode(self.typecode)
         array.array(self.typecode, [self.initial])  # raises TypeError for a mismatched value
-
-    def _args(self, dims: Dims) -> tuple[Any, ...]:
-        return (self.typecode, self.initial)
-
-    def snapshot(self, built: Any) -> Any:
-        return built.value
-
-    def restore(self, built: Any, data: Any) -> bool:
-        built.value = data
-        return True
 
 
 @attrs.frozen
@@ -480,33 +301,10 @@ class Array(_Plain):
     size: Size = "workers"
     initial: Any = 0
 
-    def check(self) -> None:
+    def _check(self) -> None:
         _check_typecode(self.typecode)
         _check_size(self.size)
         array.array(self.typecode, [self.initial])
-
-    def check_dims(self, dims: Dims) -> None:
-        resolve(self.size, dims)
-
-    def _args(self, dims: Dims) -> tuple[Any, ...]:
-        return (self.typecode, [self.initial] * resolve(self.size, dims))
-
-    def snapshot(self, built: Any) -> Any:
-        return list(built)
-
-    def restore(self, built: Any, data: Any) -> bool:
-        if len(data) != len(built):
-            return False
-        built[:] = array.array(self.typecode, data)  # an array slice takes an array only
-        return True
-
-    def fit(self, data: Any, dims: Dims) -> tuple[Any, str | None]:
-        if self.size == "workers":  # one value per worker, like a PerWorker field
-            return _per_worker(list(data), dims.workers, self.initial)
-        size = resolve(self.size, dims)
-        if len(data) != size:
-            raise ValueError(f"{len(data)} values saved, {size} in this run")
-        return data, None
 
 
 @attrs.frozen
@@ -520,43 +318,13 @@ class Tensor(Field):
     dtype: torch.dtype = torch.float32
     fill: float = 0
 
-    def check(self) -> None:
+    def _check(self) -> None:
         if not self.shape:
             raise ValueError("shape must have at least one dimension")
         for size in self.shape:
             _check_size(size)
         if not isinstance(self.dtype, torch.dtype):
             raise ValueError(f"dtype {self.dtype!r} must be a torch.dtype such as torch.float32")
-
-    def _shape(self, dims: Dims) -> tuple[int, ...]:
-        return tuple(resolve(s, dims) for s in self.shape)
-
-    def check_dims(self, dims: Dims) -> None:
-        self._shape(dims)
-
-    def build(self, builder: Builder, dims: Dims) -> Any:
-        return builder.tensor(self._shape(dims), self.dtype, self.fill)
-
-    def snapshot(self, built: Any) -> Any:
-        return built.clone()
-
-    def restore(self, built: Any, data: Any) -> bool:
-        if data.shape != built.shape or data.dtype != built.dtype:
-            return False
-        built.copy_(data)
-        return True
-
-    def fit(self, data: Any, dims: Dims) -> tuple[Any, str | None]:
-        shape = self._shape(dims)
-        if tuple(data.shape) != shape or data.dtype != self.dtype:
-            raise ValueError(
-                f"shape {tuple(data.shape)} {data.dtype} saved, {shape} {self.dtype} in this run; "
-                "mprl cannot tell what its values mean per rank"
-            )
-        return data, None
-
-    def memory(self, dims: Dims) -> tuple[int, int]:
-        return _bytes({"t": (self._shape(dims), self.dtype)}, 1), 1
 
 
 @attrs.frozen
@@ -572,25 +340,10 @@ class Rollouts(Field):
     spec: RowSpec | Callable[[Dims], RowSpec]
     slots_per_worker: Size = 2
 
-    def check(self) -> None:
+    def _check(self) -> None:
         _check_size(self.slots_per_worker)
         if not (callable(self.spec) or isinstance(self.spec, Mapping)):
             raise ValueError(f"spec {self.spec!r} must be a mapping or a function of Dims")
-
-    def check_dims(self, dims: Dims) -> None:
-        reserved = {"version", "source"} & set(_spec(self.spec, dims))
-        if reserved:
-            raise ValueError(f"spec fields {sorted(reserved)} are added by mprl; rename yours")
-        resolve(self.slots_per_worker, dims)
-
-    def build(self, builder: Builder, dims: Dims) -> Any:
-        slots = resolve(self.slots_per_worker, dims)
-        return builder.rollouts(_spec(self.spec, dims), dims.workers, slots)
-
-    def memory(self, dims: Dims) -> tuple[int, int]:
-        slots = dims.workers * resolve(self.slots_per_worker, dims)
-        spec = _spec(self.spec, dims)
-        return _bytes(spec, slots) + 32 * slots, len(spec) + 4
 
 
 @attrs.frozen
@@ -600,19 +353,6 @@ class Weights(Field):
     in a worker. Its version is checkpointed."""
 
     kind: ClassVar[str] = "Weights"
-
-    def build(self, builder: Builder, dims: Dims) -> Any:
-        return builder.weights()
-
-    def snapshot(self, built: Any) -> Any:
-        return built.state()
-
-    def restore(self, built: Any, data: Any) -> bool:
-        built.load(data)
-        return True
-
-    def memory(self, dims: Dims) -> tuple[int, int]:
-        return 8, 1
 
 
 def obs_dtype(space: gym.Space) -> torch.dtype:
@@ -635,68 +375,6 @@ def transition_row(dims: Dims) -> dict[str, tuple[tuple[int, ...], torch.dtype]]
         "next_obs": (tuple(obs.shape), obs_dtype(obs)),
         "done": ((), torch.float32),
     }
-
-
-def _replay_rows(heads: torch.Tensor, per: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The places of a replay state's rows, newest first, and their ages: worker ``w`` keeps
-    its ring's rows at ``[w * per, (w + 1) * per)``, the ``heads[w]``-th row it added at
-    ``w * per + (heads[w] - 1) % per``. mprl keeps no time per row, so a row's age is the number
-    of rows its worker added after it, and the workers' rows are taken in turn: each worker's
-    newest (by rank), then each one's second newest, ..."""
-    workers = len(heads)
-    sizes = torch.clamp(heads, max=per)
-    age = torch.arange(per).repeat(workers)
-    rank = torch.arange(workers).repeat_interleave(per)
-    held = age < sizes[rank]
-    age, rank = age[held], rank[held]
-    order = torch.from_numpy(np.lexsort((rank.numpy(), age.numpy())))
-    age, rank = age[order], rank[order]
-    return rank * per + (heads[rank] - 1 - age) % per, age
-
-
-def _repartition(
-    data: Mapping[str, Any], row: Mapping[str, Any], capacity: int, workers: int
-) -> tuple[dict[str, Any], str | None]:
-    """A replay state (``heads``: rows each worker added; a tensor of rows per field) saved
-    by a run with other workers or another capacity, laid out for this one: the newest rows
-    that fit, dealt to the new workers in turn, oldest first, so that each ring's next row
-    overwrites its oldest one; ``heads`` then counts the rows each new ring holds."""
-    missing = sorted(set(row) - set(data))
-    if "heads" not in data or missing:
-        raise ValueError(
-            f"the saved buffer has no {missing or ['heads']}; its fields: {sorted(data)}"
-        )
-    heads = torch.as_tensor(data["heads"], dtype=torch.int64)
-    for name, (shape, dtype) in row.items():
-        saved = data[name]
-        if tuple(saved.shape[1:]) != shape or saved.dtype != dtype:
-            raise ValueError(
-                f"its rows' {name!r} are {tuple(saved.shape[1:])} {saved.dtype} saved, "
-                f"{shape} {dtype} in this run"
-            )
-    old_workers = len(heads)
-    old_per = len(data[next(iter(row))]) // max(old_workers, 1)
-    per = capacity // workers
-    if old_workers == workers and old_per == per:
-        return dict(data), None
-    places, age = _replay_rows(heads, old_per)
-    kept = places[: workers * per]  # the newest that fit; then oldest first (stable: by rank)
-    kept = kept[torch.sort(age[: workers * per], descending=True, stable=True).indices]
-    at = torch.arange(len(kept))
-    into = (at % workers) * per + at // workers
-    out: dict[str, Any] = dict(data)
-    for name, (shape, dtype) in row.items():
-        rows = torch.zeros((workers * per, *shape), dtype=dtype)
-        rows[into] = data[name][kept]
-        out[name] = rows
-    out["heads"] = torch.bincount(at % workers, minlength=workers).to(torch.int64)
-    note = (
-        f"{len(kept):,} rows re-partitioned from {old_workers} workers ({old_per:,} rows "
-        f"each) to {workers} ({per:,} rows each)"
-    )
-    if len(places) > len(kept):
-        note += f"; the {len(places) - len(kept):,} oldest did not fit and were dropped"
-    return out, note
 
 
 @attrs.frozen
@@ -793,7 +471,7 @@ class ReplayBuffer(Field):
     learning_starts: Number = 0
     max_lead: Number | None = 1000
 
-    def check(self) -> None:
+    def _check(self) -> None:
         _check_size(self.capacity)
         if not (self.row is None or callable(self.row) or isinstance(self.row, Mapping)):
             raise ValueError(f"row {self.row!r} must be a mapping or a function of Dims")
@@ -803,48 +481,6 @@ class ReplayBuffer(Field):
         if self.max_lead is not None:
             _number(self.max_lead, None, "max_lead", 1.0, strict=False)
 
-    def _row(self, dims: Dims) -> dict[str, Any]:
-        return _spec(transition_row if self.row is None else self.row, dims)
-
-    def pace(self, dims: Dims) -> ReplayPace | None:
-        """The replay ratio as a run of ``dims`` enforces it; ``None`` when none is declared."""
-        if self.replay_ratio is None:
-            return None
-        ratio = _number(self.replay_ratio, dims, "replay_ratio", 0.0, strict=True)
-        starts = _number(self.learning_starts, dims, "learning_starts", 0.0, strict=False)
-        lead = None
-        if self.max_lead is not None:
-            lead = int(_number(self.max_lead, dims, "max_lead", 1.0, strict=False))
-        return ReplayPace(ratio, int(starts), lead)
-
-    def check_dims(self, dims: Dims) -> None:
-        self._row(dims)
-        if resolve(self.capacity, dims) < dims.workers:
-            raise ValueError(f"capacity must be at least the number of workers ({dims.workers})")
-        self.pace(dims)
-
-    def build(self, builder: Builder, dims: Dims) -> Any:
-        row, capacity, pace = self._row(dims), resolve(self.capacity, dims), self.pace(dims)
-        if pace is None:  # (a builder written before replay ratios takes no pace)
-            return builder.replay(row, capacity, dims.workers)
-        return builder.replay(row, capacity, dims.workers, pace=pace)
-
-    def snapshot(self, built: Any) -> Any:
-        return built.state() if self.checkpoint else None
-
-    def restore(self, built: Any, data: Any) -> bool:
-        return built.load(data)
-
-    def fit(self, data: Any, dims: Dims) -> tuple[Any, str | None]:
-        if data is None:
-            return data, None
-        return _repartition(data, self._row(dims), resolve(self.capacity, dims), dims.workers)
-
-    def memory(self, dims: Dims) -> tuple[int, int]:
-        rows = resolve(self.capacity, dims)
-        row = self._row(dims)
-        return _bytes(row, rows) + 8 * rows + 8 * (dims.workers + 3), len(row) + 4
-
 
 @attrs.frozen
 class Counter(Field):
@@ -853,19 +489,6 @@ class Counter(Field):
     Checkpointed."""
 
     kind: ClassVar[str] = "Counter"
-
-    def build(self, builder: Builder, dims: Dims) -> Any:
-        return builder.counter(dims.workers + 1)
-
-    def snapshot(self, built: Any) -> Any:
-        return built.value
-
-    def restore(self, built: Any, data: Any) -> bool:
-        built.load(int(data))
-        return True
-
-    def memory(self, dims: Dims) -> tuple[int, int]:
-        return 8 * (dims.workers + 2), 1
 
 
 @attrs.frozen
@@ -888,37 +511,15 @@ class Module(Field):
     kind: ClassVar[str] = "Module"
     make: Callable[..., torch.nn.Module] | None = None
 
-    def check(self) -> None:
+    def _check(self) -> None:
         if self.make is not None and not callable(self.make):
             raise ValueError(f"make {self.make!r} must be a function")
-
-    def build(self, builder: Builder, dims: Dims) -> Any:
-        return builder.module(self.make, dims)
-
-    def snapshot(self, built: Any) -> Any:
-        return {k: v.clone() for k, v in built.state_dict().items()}
-
-    def restore(self, built: Any, data: Any) -> bool:
-        try:
-            built.load_state_dict(data)
-        except (RuntimeError, KeyError):
-            return False
-        return True
 
 
 KINDS: tuple[type[Field], ...] = (
     PerWorker, List, Dict, Namespace, Lock, RLock, Semaphore, BoundedSemaphore, Condition, Event,
     Barrier, Queue, Value, Array, Tensor, Rollouts, Weights, ReplayBuffer, Counter, Module,
 )  # fmt: skip
-
-
-@contextmanager
-def _blame(name: str, decl: Field) -> Iterator[None]:
-    """Turn a ``ValueError`` / ``TypeError`` about ``decl`` into a SchemaError naming it."""
-    try:
-        yield
-    except (ValueError, TypeError) as exc:
-        raise SchemaError(f"shared-state field {name!r} ({decl.kind}): {exc}") from None
 
 
 def _never() -> bool:
@@ -930,6 +531,15 @@ def _rebuilt(fields: dict[str, Any], workers: int | None) -> SharedState:
     state = SharedState(**fields)
     state._workers = workers
     return state
+
+
+@contextmanager
+def _blame(name: str, decl: Field) -> Iterator[None]:
+    """Turn a ``ValueError`` / ``TypeError`` about ``decl`` into a SchemaError naming it."""
+    try:
+        yield
+    except (ValueError, TypeError) as exc:
+        raise SchemaError(f"shared-state field {name!r} ({decl.kind}): {exc}") from None
 
 
 class SharedState(SimpleNamespace):
@@ -1029,77 +639,17 @@ class Schema:
                     f"mprl.schema.{{{kinds}}}, e.g. {name}=PerWorker(0)"
                 )
             with _blame(name, decl):
-                decl.check()
+                decl._check()
         self.fields: dict[str, Field] = dict(fields)
 
-    def needs_manager(self) -> bool:
-        """Whether building this schema needs a Manager server (any Manager kind)."""
-        return any(f.needs_manager for f in self.fields.values())
-
-    def check_dims(self, dims: Dims) -> None:
-        """Raise :class:`SchemaError` naming the field whose sizes do not fit a run of ``dims``."""
-        for name, decl in self.fields.items():
-            with _blame(name, decl):
-                decl.check_dims(dims)
-
-    def memory(self, dims: Dims) -> tuple[int, int]:
-        """(bytes, tensors) the schema's tensor-backed fields take in a run of ``dims``."""
-        sizes = [decl.memory(dims) for decl in self.fields.values()]
-        return sum(b for b, _ in sizes), sum(n for _, n in sizes)
-
-    def build(self, builder: Builder, dims: Dims) -> SharedState:
-        """Create every field for a run of ``dims`` with a backend's ``builder``."""
-        built = {}
-        for name, decl in self.fields.items():
-            if decl.needs_manager and builder.manager is None:
-                raise SchemaError(f"shared-state field {name!r} ({decl.kind}) needs a Manager")
-            with _blame(name, decl):
-                built[name] = decl.build(builder, dims)
-        state = SharedState(**built)
-        state._workers = dims.workers
-        return state
-
-    def snapshot(self, state: SharedState) -> dict[str, Any]:
-        """The data of every field that has data (not locks, events, barriers or queues)."""
-        out = {}
-        for name, decl in self.fields.items():
-            data = decl.snapshot(getattr(state, name))
-            if data is not None:
-                out[name] = data
-        return out
-
-    def fit(self, snapshot: Mapping[str, Any], dims: Dims) -> Fitted:
-        """A :meth:`snapshot` of another run (another worker count, another config) made to
-        fit a run of ``dims``, field by field (:meth:`Field.fit`): replay rows re-partitioned
-        across the workers, per-worker lists extended or cut; what each field needed, and the
-        fields that cannot be made to fit (a ``Tensor`` of another shape), with why."""
-        data: dict[str, Any] = {}
-        notes: dict[str, str] = {}
-        unfit: dict[str, str] = {}
-        for name, saved in snapshot.items():
-            decl = self.fields.get(name)
-            if decl is None:
-                notes[name] = "in the checkpoint but no longer declared: left out"
-                continue
-            try:
-                data[name], note = decl.fit(saved, dims)
-            except (ValueError, TypeError, AttributeError, IndexError) as exc:
-                unfit[name] = str(exc)
-                continue
-            if note is not None:
-                notes[name] = note
-        return Fitted(data, notes, unfit)
-
-    def restore(self, state: SharedState, snapshot: Mapping[str, Any]) -> list[str]:
-        """Put a :meth:`snapshot` back; returns the fields that could not be restored (a field
-        that does not fit this run: see :meth:`fit`, or a field no longer declared)."""
-        skipped = []
-        for name, data in snapshot.items():
-            decl = self.fields.get(name)
-            if decl is None or not decl.restore(getattr(state, name), data):
-                skipped.append(name)
-        return skipped
+    def __getattr__(self, name: str) -> Any:
+        """0.2.0's ``schema.build(...)``, ``schema.snapshot(...)`` ...: in :mod:`mprl.kinds` now,
+        with a warning (:mod:`mprl.deprecated`)."""
+        return deprecated.moved_method(self, "Schema", name)
 
     def __repr__(self) -> str:
         inner = ", ".join(f"{k}={v!r}" for k, v in self.fields.items())
         return f"Schema({inner})"
+
+
+__getattr__ = deprecated.forward(__name__)  # Builder: mprl.kinds.Builder now

@@ -1,7 +1,7 @@
 """The seam between the run (what to do) and a backend (where its processes run).
 
 The host prepares a :class:`Job` and a :class:`Monitor`; a backend builds the job's shared state
-with its own :class:`mprl.schema.Builder`, starts the processes, hands each its
+with its own :class:`mprl.kinds.Builder`, starts the processes, hands each its
 :class:`mprl.Context`, feeds the monitor with what they report and stops them. What every backend
 does the same way is here: the roles of a job, how a process is seeded, when a job is over, how
 an exit is worded. Algorithms only ever see the Context, so a new backend needs no plugin change:
@@ -18,10 +18,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 import attrs
 import torch
 
+from mprl import kinds
 from mprl.backends.processes import available_memory, describe_exit  # noqa: F401 - were here
 from mprl.context import Channel, Context, EnvMaker, derive_seed
+from mprl.kinds import Builder
 from mprl.run_types import ChildFailure, RunConfig
-from mprl.schema import Builder, Dims, SharedState
+from mprl.schema import Dims, SharedState
 
 if TYPE_CHECKING:
     from mprl.algorithm import Algorithm
@@ -94,8 +96,8 @@ class Job:
         restored after all (a ``Module`` of another shape), for the backend to report, or
         ``None``."""
         schema = self.algorithm.schema
-        state = schema.build(builder, self.dims)
-        skipped = schema.restore(state, self.state_snapshot) if self.state_snapshot else []
+        state = kinds.build(schema, builder, self.dims)
+        skipped = kinds.restore(schema, state, self.state_snapshot) if self.state_snapshot else []
         if not skipped:
             return state, None
         return state, (

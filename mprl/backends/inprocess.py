@@ -162,7 +162,8 @@ class _Namespace(SimpleNamespace):
 
 class InProcessManager:
     """Builds a schema's Manager objects in this process (what :class:`SyncManager` would make
-    in its server), for the serial backend and for tests: ``schema.build(InProcessManager(), n)``.
+    in its server), for the serial backend, a threads backend and tests: a builder's
+    ``manager`` (:func:`mprl.kinds.build`).
 
     :param pause: called while a lock, semaphore, condition, event, barrier or queue waits; the
         serial backend gives the other processes their turn there. Default: sleep 0.5 ms, so

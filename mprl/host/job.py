@@ -13,6 +13,7 @@ import attrs
 import gymnasium as gym
 import torch
 
+from mprl import kinds
 from mprl.algorithm import Algorithm
 from mprl.backends.base import Job, available_memory
 from mprl.device import check_device
@@ -298,7 +299,7 @@ def _fitted_state(
     for name in drop:
         if saved.pop(name, None) is not None:
             notes[name] = f"{field(name)}: its data dropped (--resume-drop); it starts as declared"
-    fitted = algo.schema.fit(saved, dims)
+    fitted = kinds.fit(algo.schema, saved, dims)
     if fitted.unfit:
         was, now = resume.data["run"].get("workers"), dims.workers
         changed = f" with {now} workers (it was saved with {was})" if was and was != now else ""
@@ -344,7 +345,7 @@ def prepare_job(
         threshold = run_cfg.target_return
     algo.check_spaces(run_cfg.env, obs_space, act_space)
     dims = Dims(run_cfg.workers, obs_space, act_space, cfg)
-    algo.schema.check_dims(dims)
+    kinds.check_dims(algo.schema, dims)
     model, optimizer, optimizers = _model_and_optimizers(algo, dims, run_cfg.seed, resumed)
     initial_steps: tuple[int, ...] = ()
     state_snapshot: dict[str, Any] = {}

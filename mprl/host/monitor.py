@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from mprl import kinds
 from mprl.backends.base import Job
 from mprl.host import checkpoint
 from mprl.host.config import as_dict
@@ -349,7 +350,7 @@ class RunMonitor:
         shared = dict(self.job.state_snapshot)  # the state is not built yet: keep what was
         if self.state is not None:
             try:
-                shared = self.job.algorithm.schema.snapshot(self.state)
+                shared = kinds.snapshot(self.job.algorithm.schema, self.state)
             except (OSError, EOFError) as exc:  # the Manager server is gone
                 self.on_event(
                     {"event": "checkpoint-partial", "message": f"shared state not saved: {exc!r}"}

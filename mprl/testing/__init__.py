@@ -35,6 +35,7 @@ import attrs
 import pytest
 import torch
 
+from mprl import kinds
 from mprl.algorithm import Algorithm
 from mprl.backends.base import Job, Role
 from mprl.backends.child import _on_device, own_objects, seed_process
@@ -173,8 +174,8 @@ def build_state(
         model = make(dims.observation_space, dims.action_space, dims.config)
     builder = MemoryBuilder(manager or InProcessManager(), model, make, share=True, sleep=True)  # type: ignore[arg-type]
     assert isinstance(schema, Schema)
-    schema.check_dims(dims)
-    return schema.build(builder, dims)
+    kinds.check_dims(schema, dims)
+    return kinds.build(schema, builder, dims)
 
 
 @attrs.frozen

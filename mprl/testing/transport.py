@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 import torch
 
-from mprl import schema
+from mprl import kinds, schema
 from mprl.schema import Dims, Schema, SharedState
 from mprl.transport.client import FLUSH_ROWS, Direct, Endpoint, HubBuilder, _HubField, connect
 from mprl.transport.hub import Hub
@@ -85,7 +85,7 @@ class SharedMemory(Placement):
 
     def build(self, fields: Schema, workers: int, model: torch.nn.Module) -> SharedState:
         builder = MemoryBuilder(None, model, _make_model, share=True, sleep=True)
-        return fields.build(builder, _dims(workers))
+        return kinds.build(fields, builder, _dims(workers))
 
     def process(self, state: SharedState, slot: int, stop: Callable[[], bool]) -> SharedState:
         return state.bound(slot, stop)
@@ -97,7 +97,7 @@ class InProcess(SharedMemory):
 
     def build(self, fields: Schema, workers: int, model: torch.nn.Module) -> SharedState:
         builder = MemoryBuilder(None, model, _make_model, share=False, sleep=False)
-        return fields.build(builder, _dims(workers))
+        return kinds.build(fields, builder, _dims(workers))
 
     def process(self, state: SharedState, slot: int, stop: Callable[[], bool]) -> SharedState:
         def turn() -> bool:
@@ -126,7 +126,7 @@ class _HubPlacement(Placement):
     def build(self, fields: Schema, workers: int, model: torch.nn.Module) -> SharedState:
         self.workers = workers
         builder = HubBuilder(None, Endpoint(self.link()), model, _make_model, self.same_host)
-        return fields.build(builder, _dims(workers))
+        return kinds.build(fields, builder, _dims(workers))
 
     def process(self, state: SharedState, slot: int, stop: Callable[[], bool]) -> SharedState:
         own = SharedState(
@@ -471,9 +471,9 @@ class TransportContract:
             with trainer.weights.publishing(r.model):
                 pass
         _until(lambda: trainer.replay.size() == 3, "the rows arrived")
-        saved = Schema(**fields).snapshot(r.state)
+        saved = kinds.snapshot(Schema(**fields), r.state)
         again = run(workers=2, **fields)
-        assert Schema(**fields).restore(again.state, saved) == []
+        assert kinds.restore(Schema(**fields), again.state, saved) == []
         back = again.view("trainer")
         assert back.steps.value == 7 and back.weights.version == 3
         assert back.replay.size() == 3

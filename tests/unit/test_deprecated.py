@@ -12,6 +12,7 @@ import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -370,3 +371,56 @@ def test_the_version_is_the_changelog_s_newest_release() -> None:
         "Breaking", "Deprecated", "Changed", "Added",
     ]  # fmt: skip
     assert deprecated.REMOVED_IN == "0.3.0"  # one minor release after the deprecation
+
+
+def _moved_calls() -> dict[str, tuple[Any, Any]]:
+    """Per method of :data:`mprl.deprecated.MOVED_METHODS`: its old call, its new one."""
+    import gymnasium as gym
+    import torch
+
+    from mprl import kinds, schema
+    from mprl.backends.inprocess import InProcessManager
+    from mprl.transport.memory import MemoryBuilder
+
+    replay = schema.ReplayBuffer(8, row={"x": ((2,), torch.float32)}, replay_ratio=2)
+    fields = schema.Schema(replay=replay, turns=schema.PerWorker(0))
+    dims = schema.Dims(2, gym.spaces.Box(-1, 1, (3,)), gym.spaces.Discrete(2))
+    model = torch.nn.Linear(3, 2)
+    builder = MemoryBuilder(InProcessManager(), model, None, share=False, sleep=True)
+    state = kinds.build(fields, builder, dims)
+    saved, kept = kinds.snapshot(fields, state), kinds.of(replay).snapshot(replay, state.replay)
+    handler = kinds.of(replay)
+    return {
+        "Field.build": (lambda: type(replay.build(builder, dims)),
+                        lambda: type(handler.build(replay, builder, dims))),
+        "Field.snapshot": (lambda: replay.snapshot(state.replay).keys(), lambda: kept.keys()),
+        "Field.restore": (lambda: replay.restore(state.replay, kept),
+                          lambda: handler.restore(replay, state.replay, kept)),
+        "Field.fit": (lambda: replay.fit(kept, dims)[1], lambda: handler.fit(replay, kept, dims)[1]),
+        "Field.memory": (lambda: replay.memory(dims), lambda: handler.memory(replay, dims)),
+        "Field.check_dims": (lambda: replay.check_dims(dims), lambda: None),
+        "Field.check": (lambda: replay.check(), lambda: None),
+        "Field.needs_manager": (lambda: schema.PerWorker(0).needs_manager, lambda: True),
+        "ReplayBuffer.pace": (lambda: replay.pace(dims), lambda: kinds.pace(replay, dims)),
+        "Schema.build": (lambda: sorted(vars(fields.build(builder, dims))), lambda: sorted(vars(state))),
+        "Schema.snapshot": (lambda: fields.snapshot(state).keys(), lambda: saved.keys()),
+        "Schema.restore": (lambda: fields.restore(state, saved), lambda: []),
+        "Schema.fit": (lambda: fields.fit(saved, dims).unfit, lambda: {}),
+        "Schema.memory": (lambda: fields.memory(dims), lambda: kinds.memory(fields, dims)),
+        "Schema.check_dims": (lambda: fields.check_dims(dims), lambda: None),
+        "Schema.needs_manager": (lambda: fields.needs_manager(), lambda: True),
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("key", sorted(deprecated.MOVED_METHODS))
+def test_what_a_declaration_did_at_run_time_still_works_with_a_warning(key: str) -> None:
+    """Each method of a field or a schema that moved to mprl.kinds: the old call warns, naming
+    the new one, and gives what the new one gives; a name that never was is no name."""
+    from mprl import schema
+
+    old, new = _moved_calls()[key]
+    with pytest.warns(deprecated.MprlDeprecationWarning, match=f"mprl.schema.{key} is dep"):
+        got = old()
+    assert got == new()
+    with pytest.raises(AttributeError, match="no attribute 'no_such_method'"):
+        schema.ReplayBuffer(8).no_such_method  # noqa: B018

@@ -8,11 +8,18 @@ import gymnasium as gym
 import pytest
 import torch
 
-from mprl import schema
+from mprl import kinds, schema
 from mprl.errors import SchemaError
 from mprl.transport.memory import MemoryBuilder
 from tests.conftest import cli_here
 from tests.plugins import mprl_docs_dqn
+
+
+def snapshot(decl, builder, dims):
+    """What a checkpoint keeps of field ``decl`` built with ``builder`` (mprl.kinds)."""
+    handler = kinds.of(decl)
+    return handler.snapshot(decl, handler.build(decl, builder, dims))
+
 
 SMALL = {"buffer_size": 1000, "learning_starts": 200, "target_every": 50, "batch_size": 32}
 
@@ -40,8 +47,8 @@ def test_a_replay_buffer_can_stay_out_of_checkpoints():
     kept, skipped = schema.ReplayBuffer(capacity=8), schema.ReplayBuffer(8, checkpoint=False)
     dims = schema.Dims(2, gym.spaces.Box(-1, 1, (3,)), gym.spaces.Discrete(2))
     builder = MemoryBuilder(None, torch.nn.Linear(1, 1), None, share=False, sleep=True)
-    assert kept.snapshot(kept.build(builder, dims)) is not None
-    assert skipped.snapshot(skipped.build(builder, dims)) is None
+    assert snapshot(kept, builder, dims) is not None
+    assert snapshot(skipped, builder, dims) is None
 
 
 def test_sizes_from_the_config_are_checked_before_anything_starts(installed, capsys):
@@ -52,6 +59,6 @@ def test_sizes_from_the_config_are_checked_before_anything_starts(installed, cap
         2, gym.spaces.Box(-1, 1, (3,)), gym.spaces.Discrete(2), mprl_docs_dqn.DQNConfig()
     )
     with pytest.raises(SchemaError, match=r"size 'config\.buffer_sise': the config has no field"):
-        schema.Schema(replay=schema.ReplayBuffer("config.buffer_sise")).check_dims(dims)
+        kinds.check_dims(schema.Schema(replay=schema.ReplayBuffer("config.buffer_sise")), dims)
     with pytest.raises(SchemaError, match=r"'config\.2x' must be an int, 'workers', 'all'"):
         schema.Schema(t=schema.Tensor(shape=("config.2x",)))

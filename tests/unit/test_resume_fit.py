@@ -9,12 +9,20 @@ import gymnasium as gym
 import pytest
 import torch
 
-from mprl import schema
+from mprl import kinds, schema
 from mprl.errors import UsageError
 from mprl.testing import plugin_manager, run_serial
 from mprl.transport.memory import MemoryReplay
 from mprl_builtin import sac as sac_plugin
 from tests.plugins import mprl_testplugin
+
+
+def fit(declared, data, dims):
+    """A field's or a schema's checkpointed data made to fit a run of ``dims`` (mprl.kinds)."""
+    if isinstance(declared, schema.Schema):
+        return kinds.fit(declared, data, dims)
+    return kinds.of(declared).fit(declared, data, dims)
+
 
 ROW = {"x": ((), torch.int64), "obs": ((2,), torch.float32)}
 SPACES = gym.spaces.Box(-1, 1, (2,)), gym.spaces.Discrete(2)
@@ -50,7 +58,7 @@ def test_replay_rows_are_re_partitioned_across_more_workers_in_order():
     decl = schema.ReplayBuffer(capacity=12, row=ROW)
     old = filled(2, 12, [9, 4])  # worker 0's ring (6 rows) wrapped: it holds rows 3..8
     assert rings(old) == [[3, 4, 5, 6, 7, 8], [1000, 1001, 1002, 1003]]
-    data, note = decl.fit(old.state(), dims(3))
+    data, note = fit(decl, old.state(), dims(3))
     assert note == "10 rows re-partitioned from 2 workers (6 rows each) to 3 (4 rows each)"
     new = MemoryReplay(ROW, 12, 3, share=False)
     assert new.load(data)  # the shapes of a 3-worker buffer
@@ -72,7 +80,7 @@ def test_the_newest_rows_are_kept_when_they_do_not_all_fit():
     old = filled(3, 12, [4, 4, 2])
     # one worker, capacity 5 (a --set buffer_size=5 with --workers 1): the 5 newest stay
     decl = schema.ReplayBuffer(capacity="config.size", row=ROW)
-    data, note = decl.fit(old.state(), dims(1, config=type("C", (), {"size": 5})()))
+    data, note = fit(decl, old.state(), dims(1, config=type("C", (), {"size": 5})()))
     assert note == (
         "5 rows re-partitioned from 3 workers (4 rows each) to 1 (5 rows each); the 5 oldest "
         "did not fit and were dropped"
@@ -86,45 +94,45 @@ def test_the_newest_rows_are_kept_when_they_do_not_all_fit():
 def test_a_replay_buffer_that_fits_is_kept_as_it_is_and_other_rows_cannot_be_fitted():
     decl = schema.ReplayBuffer(capacity=12, row=ROW)
     state = filled(2, 12, [3, 2]).state()
-    data, note = decl.fit(state, dims(2))
+    data, note = fit(decl, state, dims(2))
     assert note is None and data.keys() == state.keys()
     assert all(torch.equal(data[k], state[k]) for k in state)
     other = schema.ReplayBuffer(capacity=12, row={**ROW, "obs": ((3,), torch.float32)})
     with pytest.raises(ValueError, match=r"its rows' 'obs' are \(2,\) torch.float32 saved"):
-        other.fit(state, dims(3))
-    assert schema.ReplayBuffer(12, row=ROW, checkpoint=False).fit(None, dims(3)) == (None, None)
+        fit(other, state, dims(3))
+    assert fit(schema.ReplayBuffer(12, row=ROW, checkpoint=False), None, dims(3)) == (None, None)
 
 
 def test_per_worker_lists_are_extended_with_their_initial_value_or_cut():
-    assert schema.PerWorker(0).fit([4, 5], dims(2)) == ([4, 5], None)
-    assert schema.PerWorker(0).fit([4, 5], dims(4)) == (
+    assert fit(schema.PerWorker(0), [4, 5], dims(2)) == ([4, 5], None)
+    assert fit(schema.PerWorker(0), [4, 5], dims(4)) == (
         [4, 5, 0, 0],
         "2 slots saved, 4 in this run: ranks 0-1 kept, ranks 2-3 start at 0",
     )
-    assert schema.PerWorker("").fit(["a", "b", "c"], dims(1)) == (
+    assert fit(schema.PerWorker(""), ["a", "b", "c"], dims(1)) == (
         ["a"],
         "3 slots saved, 1 in this run: rank 0 kept, the slots of ranks 1-2 dropped (['b', 'c'])",
     )
-    assert schema.PerWorker(list).fit([[1], [2, 3]], dims(3))[0] == [[1], [2, 3], []]
-    assert schema.PerWorker(dict).fit([{"a": 1}], dims(2))[0] == [{"a": 1}, {}]
-    long, note = schema.PerWorker(list).fit([[0] * 50, [1] * 50], dims(1))
+    assert fit(schema.PerWorker(list), [[1], [2, 3]], dims(3))[0] == [[1], [2, 3], []]
+    assert fit(schema.PerWorker(dict), [{"a": 1}], dims(2))[0] == [{"a": 1}, {}]
+    long, note = fit(schema.PerWorker(list), [[0] * 50, [1] * 50], dims(1))
     assert long == [[0] * 50] and note.endswith("the slots of rank 1 dropped")  # not shown
-    assert schema.Array("i", initial=7).fit([1, 2], dims(3)) == (
+    assert fit(schema.Array("i", initial=7), [1, 2], dims(3)) == (
         [1, 2, 7],
         "2 slots saved, 3 in this run: ranks 0-1 kept, rank 2 starts at 7",
     )
     with pytest.raises(ValueError, match="2 values saved, 3 in this run"):
-        schema.Array("i", size="all").fit([1, 2], dims(2))
+        fit(schema.Array("i", size="all"), [1, 2], dims(2))
 
 
 def test_a_tensor_sized_by_the_workers_cannot_be_fitted():
     seen = schema.Tensor(shape=("workers", 3))
     same = torch.ones(2, 3)
-    assert seen.fit(same, dims(2)) == (same, None)
+    assert fit(seen, same, dims(2)) == (same, None)
     with pytest.raises(ValueError, match=r"shape \(2, 3\) torch.float32 saved, \(3, 3\) "):
-        seen.fit(same, dims(3))
+        fit(seen, same, dims(3))
     with pytest.raises(ValueError, match=r"torch\.int64 saved"):
-        seen.fit(same.long(), dims(2))
+        fit(seen, same.long(), dims(2))
 
 
 def test_schema_fit_says_per_field_what_it_did_and_what_cannot_be_fitted():
@@ -137,14 +145,14 @@ def test_schema_fit_says_per_field_what_it_did_and_what_cannot_be_fitted():
         "visits": [1, 2], "seen": torch.zeros(2), "total": 7,
         "replay": filled(2, 12, [1, 1]).state(), "gone": [1, 2],
     }  # fmt: skip
-    fitted = decl.fit(snapshot, dims(3))
+    fitted = fit(decl, snapshot, dims(3))
     assert isinstance(fitted, schema.Fitted)
     assert set(fitted.data) == {"visits", "total", "replay"} and fitted.data["total"] == 7
     assert fitted.data["visits"] == [1, 2, 0]
     assert set(fitted.notes) == {"visits", "replay", "gone"}
     assert fitted.notes["gone"] == "in the checkpoint but no longer declared: left out"
     assert list(fitted.unfit) == ["seen"] and "saved, (3,)" in fitted.unfit["seen"]
-    assert decl.fit(snapshot, dims(2)).notes == {"gone": fitted.notes["gone"]}
+    assert fit(decl, snapshot, dims(2)).notes == {"gone": fitted.notes["gone"]}
 
 
 # -- resumed serial runs -----------------------------------------------------------------------

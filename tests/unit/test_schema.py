@@ -7,6 +7,7 @@ import gymnasium as gym
 import pytest
 import torch
 
+from mprl import kinds
 from mprl import schema as s
 from mprl.errors import SchemaError
 from mprl.testing import build_state
@@ -36,14 +37,14 @@ FULL = s.Schema(
 
 def test_tensor_only_schema_needs_no_manager():
     tensors = s.Schema(a=s.Tensor(shape=(2,)), b=s.Tensor(shape=("all", 3), dtype=torch.int64))
-    assert not tensors.needs_manager()
+    assert not kinds.needs_manager(tensors)
     no_manager = MemoryBuilder(None, torch.nn.Linear(1, 1), None, share=True, sleep=True)
     dims = s.Dims(4, gym.spaces.Box(-1, 1, (2,)), gym.spaces.Discrete(2))
-    state = tensors.build(no_manager, dims)
+    state = kinds.build(tensors, no_manager, dims)
     assert state.b.shape == (5, 3) and state.b.is_shared()
-    assert FULL.needs_manager()
+    assert kinds.needs_manager(FULL)
     with pytest.raises(SchemaError, match=r"'lock' \(Lock\) needs a Manager"):
-        s.Schema(lock=s.Lock()).build(no_manager, dims)
+        kinds.build(s.Schema(lock=s.Lock()), no_manager, dims)
 
 
 @attrs.frozen

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import mprl
-from mprl import schema
+from mprl import kinds, schema
 from mprl.backends.serial import backend as serial_backend
 from mprl.errors import RunFailed
 from mprl.host.plugins import get_plugin_manager
@@ -219,4 +219,5 @@ def test_in_process_manager_objects_work_across_real_threads():
     for t in threads:
         t.join(timeout=10)
     assert taken == [0, 1, 2] and state.count.value == 600 and list(state.slots) == [0.5, 1.5, 2.5]
-    assert schema.Namespace({"mode": "x"}).snapshot(state.ns) == {"mode": "train"}
+    decl = schema.Namespace({"mode": "x"})
+    assert kinds.of(decl).snapshot(decl, state.ns) == {"mode": "train"}

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import mprl
-from mprl import schema
+from mprl import kinds, schema
 from mprl.backends.serial import backend as serial_backend
 from mprl.errors import RunFailed, SchemaError
 from mprl.lib.nets import make_model
@@ -71,9 +71,9 @@ def test_the_declaration_is_checked_and_resolved_from_the_config():
         8, replay_ratio=lambda d: 64 / d.config.freq, learning_starts="config.starts",
         max_lead="config.freq",
     )  # fmt: skip
-    assert decl.pace(dims) == schema.ReplayPace(16.0, 100, 4)
-    assert schema.ReplayBuffer(8).pace(dims) is None  # no ratio: nothing waits
-    assert schema.ReplayBuffer(8, replay_ratio=2, max_lead=None).pace(dims).lead is None
+    assert kinds.pace(decl, dims) == schema.ReplayPace(16.0, 100, 4)
+    assert kinds.pace(schema.ReplayBuffer(8), dims) is None  # no ratio: nothing waits
+    assert kinds.pace(schema.ReplayBuffer(8, replay_ratio=2, max_lead=None), dims).lead is None
     for kwargs, message in [
         ({"replay_ratio": 0}, "replay_ratio is 0; it must be a number > 0"),
         ({"replay_ratio": -1.5}, "replay_ratio is -1.5"),
@@ -86,10 +86,10 @@ def test_the_declaration_is_checked_and_resolved_from_the_config():
             schema.Schema(replay=schema.ReplayBuffer(8, **kwargs))
     late = schema.Schema(replay=schema.ReplayBuffer(8, replay_ratio="config.nope"))
     with pytest.raises(SchemaError, match=r"replay_ratio 'config\.nope': the config has no field"):
-        late.check_dims(dims)
+        kinds.check_dims(late, dims)
     zero = schema.Schema(replay=schema.ReplayBuffer(8, replay_ratio=lambda d: 0.0))
     with pytest.raises(SchemaError, match=r"replay_ratio is 0\.0; it must be a number > 0"):
-        zero.check_dims(dims)
+        kinds.check_dims(zero, dims)
 
 
 # -- the replay buffer keeping it, between threads --------------------------------------------

@@ -26,7 +26,7 @@ from typing import Any
 import attrs
 import torch
 
-from mprl import startup
+from mprl import kinds, startup
 from mprl.backends import base
 from mprl.backends.base import Job, Monitor, Outcome, Role
 from mprl.backends.child import run_child
@@ -124,7 +124,7 @@ class LocalBackend(base.Backend):
         nbytes, storages = preflight.shared_bytes(
             [*tensors, *_optimizer_tensors(job.all_optimizers())]
         )
-        state_bytes, state_tensors = job.algorithm.schema.memory(job.dims)
+        state_bytes, state_tensors = kinds.memory(job.algorithm.schema, job.dims)
         shared = storages + state_tensors + 3  # + the channel's
         notes = preflight.check(
             shm_bytes=nbytes + state_bytes, storages=shared, processes=len(job.roles()) + 1
@@ -224,7 +224,7 @@ class _LocalSupervisor(Supervisor):
 
     def build_state(self) -> tuple[SharedState, str | None]:
         job = self.job
-        if job.algorithm.schema.needs_manager():
+        if kinds.needs_manager(job.algorithm.schema):
             try:
                 self.server = ManagerServer(
                     leftovers=self._leftovers(), threads=self.threads, context=self.spawn

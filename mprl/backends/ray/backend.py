@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from mprl import startup
+from mprl import kinds, startup
 from mprl.backends import base
 from mprl.backends.base import TICK_S, Job, Monitor, Outcome, Role
 from mprl.backends.processes import ManagerServer, check_memory
@@ -138,7 +138,7 @@ def _state_bytes(job: Job) -> int:
     """What the run holds besides its processes: the model, and the shared state (replay
     buffers and rollouts live in the hub's actor)."""
     model = sum(t.numel() * t.element_size() for t in job.model.state_dict().values())
-    return job.algorithm.schema.memory(job.dims)[0] + 3 * model  # + optimizer moments
+    return kinds.memory(job.algorithm.schema, job.dims)[0] + 3 * model  # + optimizer moments
 
 
 def _learner(job: Job) -> dict[str, float]:
@@ -283,7 +283,7 @@ class _RaySupervisor(Supervisor):
             self.made[role.slot] = self._new_actor(role)  # while the state is built
         self.hub = self._hub_host()
         manager = None
-        if self.job.algorithm.schema.needs_manager():
+        if kinds.needs_manager(self.job.algorithm.schema):
             # on this node's address with the run's key, reachable by every node
             host = ray.util.get_node_ip_address()
             self.server = ManagerServer(address=(host, 0), authkey=self.authkey)
