@@ -12,6 +12,8 @@ so background load hits every system alike.
              that starts with ``--`` is a run flag: ``impala@--device=cuda,batch_rollouts=4``
 ``sb3_ppo``  Stable-Baselines3 PPO, ``CnnPolicy``, rl-zoo's Atari settings (8 envs in a
              ``SubprocVecEnv``, n_steps 128, 4 epochs of 256, lr 2.5e-4, clip 0.1, ent 0.01)
+``base/impala@--backend=ray``  (any mprl system) with the mprl of ``--tree TREE``, an older
+             source tree (a ``git worktree``): a before/after of a change in one invocation
 ``sf_appo``  Sample Factory 2 APPO (``_sf_appo.py``, run by ``--sf-python``): its Atari
              defaults, asynchronous, 2 workers of 8 envs in two double-buffered halves
 
@@ -44,6 +46,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import _baseline
 from _stats import median_range
 
 
@@ -118,8 +121,11 @@ def _score(scores: list[float]) -> dict[str, Any]:
     return {"episodes": len(scores), "score": round(statistics.fmean(last), 2) if last else None}
 
 
-def run_mprl(system: str, env: str, seconds: float, warmup: float, workers: int) -> dict[str, Any]:
-    system_name, _, sets = system.partition("@")
+def run_mprl(
+    system: str, env: str, seconds: float, warmup: float, workers: int, tree: str = ""
+) -> dict[str, Any]:
+    base = system.startswith("base/")
+    system_name, _, sets = system.removeprefix("base/").partition("@")
     plugin, _, env_batch = system_name.partition(":")
     run_dir = Path(tempfile.mkdtemp(prefix="atari-bench-")) / "run"
     cmd = [sys.executable, "-m", "mprl", "run", "--plugin", plugin, "--env", env]
@@ -127,7 +133,11 @@ def run_mprl(system: str, env: str, seconds: float, warmup: float, workers: int)
     cmd += ["--workers", str(workers), "--total-steps", "1e9", "--run-dir", str(run_dir), "--quiet"]
     for item in filter(None, sets.split(",")):
         cmd += item.split("=", 1) if item.startswith("--") else ["--set", item]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # an older tree's runs start from it (Ray puts the driver's directory first on its actors' path)
+    where = {"env": _baseline.environ(tree), "cwd": tree} if base else {}
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, **where
+    )  # fmt: skip
     time.sleep(seconds)
     proc.send_signal(signal.SIGINT)
     err = proc.communicate(timeout=120)[1]
@@ -238,6 +248,7 @@ def main() -> int:
         default=os.environ.get("MPRL_SF_PYTHON"),
         help="sf_appo: a Python with sample-factory 2 (default: $MPRL_SF_PYTHON)",
     )
+    parser.add_argument("--tree", default="", help="the older mprl tree of base/ systems")
     parser.add_argument("--out", default="benchmarks/results/atari_throughput.jsonl")
     args = parser.parse_args()
     systems: list[str] = []
@@ -255,7 +266,7 @@ def main() -> int:
             elif system == "sf_appo":
                 row = run_sf(args.env, args.seconds, args.warmup, args.sf_python)
             else:
-                row = run_mprl(system, args.env, args.seconds, args.warmup, args.workers)
+                row = run_mprl(system, args.env, args.seconds, args.warmup, args.workers, args.tree)
             row.update(repeat=repeat, env=args.env, seconds=args.seconds)
             rows.append(row)
             print(json.dumps(row), flush=True)

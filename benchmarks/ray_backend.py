@@ -48,6 +48,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import _baseline
 from _stats import median_range
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -117,8 +118,7 @@ def _env(system: str, baseline: str) -> dict[str, Any]:
     run from this checkout, the actors would import this checkout's mprl)."""
     if system != "ray-base":
         return {"env": dict(os.environ)}
-    path = os.pathsep.join([baseline, str(Path(baseline) / "plugins")])
-    return {"env": {**os.environ, "PYTHONPATH": path}, "cwd": baseline}
+    return {"env": _baseline.environ(baseline), "cwd": baseline}
 
 
 def steady(

@@ -6,7 +6,7 @@ Each case starts ``python -m mprl run`` in a subprocess, injects the fault once 
 stepping, and measures seconds from the fault to the main process's exit and to the moment no
 process of the run is left (found through a marker in their environment, so orphans count).
 The fault-injecting ``probe`` plugin of the test suite is installed into a temp dir for it.
-Bounds by design: stop flag -> 5 s -> SIGTERM -> 2 s -> SIGKILL.
+Bounds by design: stop flag -> 5 s -> SIGKILL.
 """
 
 from __future__ import annotations

@@ -43,6 +43,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks import _baseline
 from benchmarks._stats import median_range
 
 PLUGIN = {"local": "a3c", "ray": "ppo"}  # a3c is Hogwild: one machine only
@@ -75,8 +76,8 @@ def mprl_once(
     seconds from the command's start."""
     timeline, run_dir = out / "timeline.jsonl", out / "run"
     env = {**os.environ, "MPRL_TIMELINE": str(timeline)}
-    if tree:  # its mprl and built-in plugins first (the run's cwd is a temp dir)
-        env["PYTHONPATH"] = os.pathsep.join([tree, str(Path(tree) / "plugins")])
+    if tree:  # its mprl, its plugins and its entry points first (the run's cwd is a temp dir)
+        env = _baseline.environ(tree, env)
     cmd = [
         sys.executable, "-m", "mprl", "run", "--plugin", PLUGIN[backend], "--workers",
         str(workers), "--total-steps", str(steps), "--backend", backend, "--quiet",

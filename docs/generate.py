@@ -1,5 +1,5 @@
 """Write the plugin author's reference from the source: docs/hooks.md from mprl/hookspecs.py and
-docs/schema.md from mprl/schema.py and mprl/transport.py.
+docs/schema.md from mprl/schema.py and mprl/transport/__init__.py.
 
     python docs/generate.py          # rewrite both files
     python docs/generate.py --check  # exit 1, naming each file that is not what it would write

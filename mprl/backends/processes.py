@@ -267,7 +267,7 @@ class ManagerServer:
                     break  # it goes on
                 self._watch.join(0.25)  # ends once it has killed and reaped the server
         code = self.process.exitcode
-        if code is None:
+        if code is None and not self.killed_why:  # (killed: lost, though not reaped yet)
             return None
         why = self.killed_why or describe_exit(code)
         return ChildFailure("Manager server", -1, code, f"{why} (shared state is lost)")

@@ -346,7 +346,6 @@ class RunMonitor:
         failed write into a ``RuntimeError``: caught too, and reported by its cause.
         """
         start = self._last_checkpoint = time.monotonic()
-        self.refresh()  # what the children trained, where the backend keeps it elsewhere
         shared = dict(self.job.state_snapshot)  # the state is not built yet: keep what was
         if self.state is not None:
             try:
@@ -355,6 +354,9 @@ class RunMonitor:
                 self.on_event(
                     {"event": "checkpoint-partial", "message": f"shared state not saved: {exc!r}"}
                 )
+        # then what the children trained, where the backend keeps it elsewhere (Ray): the model
+        # is no older than the weights version the shared state just read
+        self.refresh()
         info, job, stats = self.info, self.job, self.stats
         try:
             path = self.rundir.save_checkpoint(

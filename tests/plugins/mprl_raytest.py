@@ -17,9 +17,9 @@ acted ``until_checked`` steps with a published version.
 Algorithm ``pixels``: each worker commits rollouts of Atari-shaped uint8 frames (8 steps of 4
 envs, 4 stacked 84x84 frames: 900 KB), every byte a function of its rank, the rollout's number
 and its position; the learner checks every byte and the dtype of each batch it takes
-(``good``/``bad`` per rank) and weighs what each commit's call to the hub carried
-(``call_bytes``: its pickled arguments), to show that the frames went through Ray's object
-store by reference, not through the call.
+(``good``/``bad`` per rank) and weighs the frames of each commit that came to the hub as a call
+(``call_bytes``), to show which commits were calls: none from a worker that maps the hub's
+memory. (Ray moves a call's arguments past 100 KB through its object store by itself.)
 """
 
 from __future__ import annotations
@@ -230,7 +230,7 @@ PIXELS_SCHEMA = schema.Schema(
     frames=schema.Rollouts({"obs": (PIXELS, torch.uint8), "number": ((), torch.int64)}),
     good=schema.PerWorker(0),  # rollouts of each rank whose every byte the learner checked
     bad=schema.PerWorker(0),  # rollouts of each rank with a wrong byte or dtype
-    call_bytes=schema.List(),  # pickled size of each commit call's arguments, as the hub got it
+    call_bytes=schema.List(),  # the frames' pickled size of each commit that came as a call
 )
 
 
@@ -248,16 +248,16 @@ def pixels_worker(ctx: mprl.Context) -> None:
 def pixels_train(ctx: mprl.Context) -> None:
     import pickle
 
-    from mprl.backends.ray import transport
+    from mprl.transport.hub import Hub
 
     state, sizes = ctx.state, []
-    put = transport.Hub.put
+    put = Hub.put
 
-    def weighed_put(hub, field, rank, payload, have):  # what the commit's call carried
-        sizes.append(len(pickle.dumps((field, rank, payload, have))))
-        return put(hub, field, rank, payload, have)
+    def weighed_put(hub, field, rank, data, have):  # a commit that came as a call
+        sizes.append(sum(len(pickle.dumps(v)) for v in data.values()))
+        return put(hub, field, rank, data, have)
 
-    transport.Hub.put = weighed_put  # the hub lives in this process
+    Hub.put = weighed_put  # the hub lives in this process
     while (batch := state.frames.take_batch(1, timeout=None)) is not None:
         rank, number = int(batch["source"][0]), int(batch["number"][0])
         obs = batch["obs"][:, 0]

@@ -337,3 +337,42 @@ def test_backends_and_transport_keep_no_module_level_state():
         for finding in _module_state(path)
     ]
     assert found == []
+
+
+def _mapped_modules() -> set[str]:
+    """The modules docs/architecture.md's map names: each ``x.py`` under the folder it is
+    listed in, by indentation."""
+    text = (REPO / "docs" / "architecture.md").read_text()
+    block = text.split("## The map", 1)[1].split("```text", 1)[1].split("```", 1)[0]
+    named: set[str] = set()
+    folders: list[tuple[int, str]] = []
+    for line in block.splitlines():
+        if not line.strip():
+            continue
+        indent = len(line) - len(line.lstrip())
+        names = line[indent:].split("   ")[0].split()  # the names before the prose
+        while folders and folders[-1][0] >= indent:
+            folders.pop()
+        if len(names) == 1 and names[0].endswith("/"):
+            folders.append((indent, names[0]))
+            continue
+        where = "".join(f for _, f in folders)
+        named.update(where + name for name in names if name.endswith(".py"))
+    return named
+
+
+def test_the_map_names_every_module_and_no_other():
+    """docs/architecture.md's map stays true: every module of mprl/ is in it, under its folder
+    (a package's __init__.py where it holds more than a docstring), and nothing else is."""
+    actual = set()
+    for path in PACKAGE.rglob("*.py"):
+        relative = path.relative_to(REPO).as_posix()
+        if path.name == "__init__.py" and not any(
+            isinstance(n, ast.FunctionDef | ast.ClassDef) for n in ast.parse(path.read_text()).body
+        ):
+            continue
+        actual.add(relative)
+    mapped = {m for m in _mapped_modules() if m.startswith("mprl/")}
+    assert len(mapped) > 60 and "mprl/backends/local/forkserver_init.py" in mapped
+    assert sorted(actual - mapped) == [], "modules missing from docs/architecture.md's map"
+    assert sorted(mapped - actual) == [], "names in the map that are no module"
