@@ -42,21 +42,22 @@ def stop_unused_starts() -> None:
 
 @attrs.frozen
 class Role:
-    """One process of a job: ``role`` ``"worker"`` (``rank`` 0..n-1) or ``"trainer"`` (``rank``
-    -1), and its ``slot`` in the step and heartbeat counters (the rank; n for the trainer)."""
+    """One process of a job: of ``kind`` ``"worker"`` (``rank`` 0..n-1) or ``"trainer"``
+    (``rank`` -1), and its ``slot`` in the step and heartbeat counters (the rank; n for the
+    trainer)."""
 
-    role: str
+    kind: str
     rank: int
     slot: int
 
     @property
     def who(self) -> str:
-        return self.role if self.rank < 0 else f"{self.role} {self.rank}"
+        return self.kind if self.rank < 0 else f"{self.kind} {self.rank}"
 
     @property
     def source(self) -> str:
         """How its metric records name it."""
-        return "trainer" if self.role == "trainer" else f"worker:{self.rank}"
+        return "trainer" if self.kind == "trainer" else f"worker:{self.rank}"
 
 
 @attrs.frozen
@@ -110,7 +111,7 @@ class Job:
     ) -> Context:
         """The :class:`mprl.Context` of ``role``."""
         return Context(
-            role=role.role,
+            role=role.kind,
             rank=role.rank,
             n_workers=self.run.workers,
             seed=derive_seed(self.run.seed, role.rank + 1, self.session, restarts),
@@ -134,7 +135,7 @@ class Job:
 
     def function(self, role: Role) -> Callable[[Context], None]:
         """The algorithm's function for ``role``: ``worker`` or ``train``."""
-        fn = self.algorithm.worker if role.role == "worker" else self.algorithm.train
+        fn = self.algorithm.worker if role.kind == "worker" else self.algorithm.train
         assert fn is not None, role
         return fn
 
@@ -142,16 +143,16 @@ class Job:
 def end_reason(job: Job, done: Sequence[Role]) -> str | None:
     """Why a job is over once the processes ``done`` have returned: the train process
     returned, or every worker did; ``None`` while it goes on."""
-    if any(r.role == "trainer" for r in done):
+    if any(r.kind == "trainer" for r in done):
         return "trainer finished"
-    if sum(r.role == "worker" for r in done) == job.run.workers:
+    if sum(r.kind == "worker" for r in done) == job.run.workers:
         return "workers finished"
     return None
 
 
 def failure(role: Role, code: int | None, traceback: str = "", reason: str = "") -> ChildFailure:
     """The report of ``role``'s process that ended with ``code`` (a crash, unless ``reason``)."""
-    return ChildFailure(role.role, role.rank, code, reason or describe_exit(code), traceback)
+    return ChildFailure(role.kind, role.rank, code, reason or describe_exit(code), traceback)
 
 
 @attrs.frozen

@@ -30,7 +30,7 @@ from mprl.errors import UsageError
 from mprl.files import open_new
 
 #: how often a learner on a GPU copies its optimizer state back to the shared (checkpointed) one
-SYNC_S = 2.0
+OPTIMIZER_SYNC_S = 2.0
 
 
 @attrs.frozen
@@ -147,8 +147,8 @@ def _on_device(ctx: Context) -> tuple[Context, Trained, DeviceLearner | None]:
 
 
 class _Syncing:
-    """A channel that lets a GPU learner copy its optimizer state back every :data:`SYNC_S`
-    seconds, at the stop checks the train function makes anyway."""
+    """A channel that lets a GPU learner copy its optimizer state back every
+    :data:`OPTIMIZER_SYNC_S` seconds, at the stop checks the train function makes anyway."""
 
     def __init__(self, channel: Channel, learner: DeviceLearner) -> None:
         self._channel, self._learner = channel, learner
@@ -203,8 +203,8 @@ class DeviceLearner:
         self._synced = time.monotonic()
 
     def maybe_sync(self) -> None:
-        """:meth:`sync` if it has not run for :data:`SYNC_S` seconds."""
-        if time.monotonic() - self._synced >= SYNC_S:
+        """:meth:`sync` if it has not run for :data:`OPTIMIZER_SYNC_S` seconds."""
+        if time.monotonic() - self._synced >= OPTIMIZER_SYNC_S:
             self.sync()
 
     @torch.no_grad()

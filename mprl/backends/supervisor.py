@@ -188,7 +188,7 @@ class Supervisor:
             shutdown_s = time.monotonic() - stop_start
             mark("stopped")
             self._on_stop()
-            restarts = tuple(c.restarts for c in self.children if c.role.role == "worker")
+            restarts = tuple(c.restarts for c in self.children if c.role.kind == "worker")
             self.outcome = Outcome(reason, failures, restarts, round(shutdown_s, 3))
             return self.outcome
         finally:
@@ -248,7 +248,7 @@ class Supervisor:
             if reason := self._stop_reason():
                 return reason
             self._start(child)
-            if child.role.role != "worker" or i == len(self.children) - 1:
+            if child.role.kind != "worker" or i == len(self.children) - 1:
                 continue
             deadline = time.monotonic() + interval
             while (now := time.monotonic()) < deadline:
@@ -339,7 +339,7 @@ class Supervisor:
         assert child.handle is not None
         child.handle.kill()  # what it started goes with it, before a restart
         child.in_a_row = self.policy.in_a_row(child.in_a_row, progressed)
-        decision = self.policy.decide(child.role.role, child.restarts, child.in_a_row)
+        decision = self.policy.decide(child.role.kind, child.restarts, child.in_a_row)
         if decision.delay is None:
             child.done = True
             return attrs.evolve(found, reason=found.reason + decision.why_not)

@@ -1,4 +1,4 @@
-"""Faults at the backends' edges (issue 27): what a plugin leaves running, a silent Manager
+"""Faults at the backends' edges: what a plugin leaves running, a silent Manager
 server. Each case is a real run through the CLI."""
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
-"""The third fault matrix, its file-system cases (issue 27: 1, 2, 5, 9, 13, 14): links planted in
+"""Faults of the file system, through the CLI: links planted in
 a run directory, a resumed snapshot that is not the run's last, a cut last line of the metrics,
 a full disk and a read-only directory before the start, a path component too long. Each ends in
-one line and the exit code docs/running.md documents, with nothing lost. The numbers in the
-comments are the issue's items."""
+one line and the exit code docs/running.md documents, with nothing lost."""
 
 from __future__ import annotations
 
@@ -126,7 +125,7 @@ def full_disk(tmp_path: Path) -> Iterator[FullDisk]:
         yield FullDisk(where, tmpfs)
 
 
-# 1: a run opens no file of its directory through a link planted there
+# a run opens no file of its directory through a link planted there
 def test_files_planted_as_links_or_fifos_are_refused_or_replaced_never_written_through(
     tmp_path, capsys
 ):
@@ -157,7 +156,7 @@ def test_files_planted_as_links_or_fifos_are_refused_or_replaced_never_written_t
     assert not (run_dir / "logs" / "worker-0.stack").is_symlink()  # replaced, then removed
 
 
-# 2: resuming a snapshot that is not the run's last.pt overwrites no newer work
+# resuming a snapshot that is not the run's last.pt overwrites no newer work
 def test_resuming_another_checkpoint_of_a_run_needs_a_new_run_directory(tmp_path, capsys):
     run_dir = finished_run(tmp_path / "run")
     ckpt = run_dir / "checkpoints"
@@ -181,7 +180,7 @@ def test_resuming_another_checkpoint_of_a_run_needs_a_new_run_directory(tmp_path
     assert proc.returncode == 0, proc.stderr
 
 
-# 5: a cut last line of metrics.jsonl (a killed run) costs no record of the next session
+# a cut last line of metrics.jsonl (a killed run) costs no record of the next session
 def test_a_resumed_session_starts_on_a_new_line_after_a_cut_one(tmp_path):
     run_dir = finished_run(tmp_path / "run")
     cut = {}
@@ -205,7 +204,7 @@ def test_a_resumed_session_starts_on_a_new_line_after_a_cut_one(tmp_path):
     assert listed.returncode == 0 and str(run_dir) in listed.stdout, listed.stderr
 
 
-# 9: a full disk before the start: one line, exit 2, and the directory it made removed
+# a full disk before the start: one line, exit 2, and the directory it made removed
 @pytest.mark.parametrize("free", [0, 1], ids=["no-room-for-the-lock", "no-room-for-config"])
 def test_a_full_disk_before_the_start_is_one_line_and_leaves_no_half_made_directory(
     full_disk, free
@@ -229,7 +228,7 @@ def test_a_full_disk_before_the_start_keeps_a_directory_the_user_made(full_disk)
     assert run_dir.is_dir() and not list(run_dir.iterdir())
 
 
-# 13: a read-only run directory is refused before anything starts, naming it
+# a read-only run directory is refused before anything starts, naming it
 def test_resuming_into_a_read_only_run_directory_is_refused_naming_it(tmp_path, capsys):
     run_dir = finished_run(tmp_path / "run")
     before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
@@ -250,7 +249,7 @@ def test_resuming_into_a_read_only_run_directory_is_refused_naming_it(tmp_path, 
     assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before
 
 
-# 14: a path component longer than the file system allows
+# a path component longer than the file system allows
 def test_a_run_directory_name_too_long_is_one_line_naming_it(tmp_path, capsys):
     run_dir = tmp_path / ("x" * 300) / "run"
     line = refused_here(capsys, "run", *probe(run_dir))

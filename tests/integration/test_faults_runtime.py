@@ -1,6 +1,5 @@
-"""The third fault matrix, while a run goes on (issue 27): full disks, a closed terminal or pipe,
-plugins that log what mprl cannot count, a removed ``checkpoints/``. The numbers in the comments
-are the issue's items.
+"""Faults while a run goes on: full disks, a closed terminal or pipe, plugins that log what
+mprl cannot count, a removed ``checkpoints/``.
 
 A full disk is made real: a small tmpfs in a mount namespace of the run's own (``unshare``), or a
 file size limit (``RLIMIT_FSIZE``: Python ignores SIGXFSZ, so a write past it fails with EFBIG,
@@ -122,7 +121,7 @@ def last_line(stderr: str) -> str:
     return stderr.strip().splitlines()[-1]
 
 
-# 3: the disk fills up while the run writes its metrics
+# the disk fills up while the run writes its metrics
 @needs_unshare
 def test_a_full_disk_stops_the_run_with_one_line_and_the_checkpoint_kept(installed, tmp_path):
     disk, out = tmp_path / "disk", tmp_path / "out"
@@ -151,7 +150,7 @@ def test_a_full_disk_stops_the_run_with_one_line_and_the_checkpoint_kept(install
     assert data["env_steps"] >= max(r["step"] for r in events(records, "checkpoint"))
 
 
-# 3: ... and where the checkpoint still fits (a file size limit), it is written before the end
+# ... and where the checkpoint still fits (a file size limit), it is written before the end
 def test_metrics_that_cannot_be_written_stop_the_run_after_its_final_checkpoint(installed, run_dir):
     def limit() -> None:
         resource.setrlimit(resource.RLIMIT_FSIZE, (96 * 1024, resource.RLIM_INFINITY))
@@ -179,7 +178,7 @@ def test_metrics_that_cannot_be_written_stop_the_run_after_its_final_checkpoint(
     assert data["env_steps"] == steps and data["episodes"] == summary["episodes"]
 
 
-# 8: the disk is too full for a checkpoint (torch raises RuntimeError, not OSError)
+# the disk is too full for a checkpoint (torch raises RuntimeError, not OSError)
 @needs_unshare
 def test_a_checkpoint_the_disk_cannot_hold_is_reported_and_the_run_goes_on(installed, tmp_path):
     disk, out = tmp_path / "disk", tmp_path / "out"
@@ -217,7 +216,7 @@ def test_a_checkpoint_the_disk_cannot_hold_is_reported_and_the_run_goes_on(insta
     assert data["env_steps"] == kept
 
 
-# 25: checkpoints/ removed while the run goes on
+# checkpoints/ removed while the run goes on
 def test_a_removed_checkpoints_directory_is_said_and_the_summary_has_no_checkpoint(
     installed, run_dir
 ):
@@ -239,7 +238,7 @@ def test_a_removed_checkpoints_directory_is_said_and_the_summary_has_no_checkpoi
     assert summary["status"] == "interrupted" and summary["checkpoint"] is None
 
 
-# 4: SIGHUP (the terminal was closed, the ssh session ended) to the main process
+# SIGHUP (the terminal was closed, the ssh session ended) to the main process
 def test_sighup_is_a_clean_stop_with_a_final_checkpoint(installed, run_dir):
     with running(probe(run_dir, "step_sleep=0.002", workers=2)) as proc:
         wait_for_metrics(run_dir, stepped)
@@ -320,7 +319,7 @@ def _argv(pid: int) -> list[bytes]:
         return []
 
 
-# 16: nobody reads the run's output any more (`mprl run ... 2>&1 | head`, a `tee` killed)
+# nobody reads the run's output any more (`mprl run ... 2>&1 | head`, a `tee` killed)
 def test_a_closed_output_pipe_does_not_end_the_run(installed, run_dir):
     args = [sys.executable, "-m", "mprl", "run", *probe(run_dir, "step_sleep=0.002")]
     args.remove("--quiet")  # plain progress lines on the pipe
@@ -398,7 +397,7 @@ def badlog(installed: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     return site
 
 
-# 15: a plugin's record mprl cannot count is dropped with a warning naming the plugin
+# a plugin's record mprl cannot count is dropped with a warning naming the plugin
 @pytest.mark.parametrize(
     ("bad", "shown"),
     [("time", "time='soon'"), ("episode_return", "episode_return='x'")],
@@ -423,7 +422,7 @@ def test_a_record_mprl_cannot_count_is_dropped_naming_the_plugin(badlog, run_dir
     assert event["field"] == bad
 
 
-# 10: /dev/shm with room for the model's bytes, but not for a file (of whole pages) per tensor
+# /dev/shm with room for the model's bytes, but not for a file (of whole pages) per tensor
 @needs_unshare
 def test_a_dev_shm_too_small_for_the_model_is_refused_in_kib_and_leaves_nothing(
     installed, tmp_path
@@ -445,7 +444,7 @@ def test_a_dev_shm_too_small_for_the_model_is_refused_in_kib_and_leaves_nothing(
     assert not (tmp_path / "run").exists()
 
 
-# 23: many envs per worker take long to build: start-up, not a hung worker
+# many envs per worker take long to build: start-up, not a hung worker
 def test_building_many_envs_is_start_up_not_a_hang(installed, run_dir):
     args = ["--plugin", "a3c", "--workers", "1", "--quiet", "--run-dir", str(run_dir)]
     args += ["--worker-timeout", "2", "--set", "envs_per_worker=15000", "--set", "n_steps=2"]

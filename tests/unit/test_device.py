@@ -1,4 +1,4 @@
-"""--device read and checked before anything starts (issue 27, item 17), with a GPU faked so the
+"""--device read and checked before anything starts with a GPU faked so the
 parsing is checked on a machine without one."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""The third fault matrix (issue 27) where no process is needed: the pieces behind
-``tests/integration/test_faults_runtime.py``. The numbers in the comments are the issue's items."""
+"""Faults while a run goes on, where no process is needed: the pieces behind
+``tests/integration/test_faults_runtime.py``."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from tests.conftest import cli_here
 KIB = 1024
 
 
-# 10: sizes under a MiB are said in KiB, not "0 MiB"
+# sizes under a MiB are said in KiB, not "0 MiB"
 def test_a_small_dev_shm_is_said_in_kib(tmp_path, monkeypatch):
     usage = SimpleNamespace(total=64 * KIB, used=0, free=64 * KIB)
     monkeypatch.setattr(preflight.shutil, "disk_usage", lambda path: usage)
@@ -37,7 +37,7 @@ def test_a_small_dev_shm_is_said_in_kib(tmp_path, monkeypatch):
     assert preflight.size_text(3 * 2**20) == "3 MiB" and preflight.size_text(100) == "1 KiB"
 
 
-# 10: every shared tensor is a file of whole pages in /dev/shm: forty floats take forty pages
+# every shared tensor is a file of whole pages in /dev/shm: forty floats take forty pages
 def test_the_preflight_counts_a_page_per_shared_tensor(tmp_path, monkeypatch):
     usage = SimpleNamespace(total=64 * KIB, used=0, free=64 * KIB)
     monkeypatch.setattr(preflight.shutil, "disk_usage", lambda path: usage)
@@ -46,7 +46,7 @@ def test_the_preflight_counts_a_page_per_shared_tensor(tmp_path, monkeypatch):
     assert preflight.check(shm_bytes=4 * 4, storages=4, processes=1, shm=str(tmp_path)) == []
 
 
-# 10: /dev/shm filled up between the preflight and sharing: the file torch could not fill is
+# /dev/shm filled up between the preflight and sharing: the file torch could not fill is
 # removed, and the error is one line with the fix
 def test_a_share_that_does_not_fit_removes_its_file_and_says_the_fix(tmp_path):
     shm = tmp_path
@@ -76,7 +76,7 @@ def test_a_share_that_does_not_fit_removes_its_file_and_says_the_fix(tmp_path):
         preflight.share(bug, "the model", shm=str(shm))
 
 
-# 15: the fields mprl fills in itself, and an episode's, must be what mprl makes them
+# the fields mprl fills in itself, and an episode's, must be what mprl makes them
 @pytest.mark.parametrize(
     ("record", "field"),
     [
@@ -115,7 +115,7 @@ def test_a_record_mprl_makes_is_counted(record):
     assert stats.episodes == int("episode_return" in record)
 
 
-# 8: torch.save turns a failed write into a RuntimeError; its context is the OSError
+# torch.save turns a failed write into a RuntimeError; its context is the OSError
 def test_a_failed_write_is_said_by_its_cause():
     try:
         try:
@@ -149,7 +149,7 @@ class _Gone(io.StringIO):
         raise io.UnsupportedOperation("fileno")
 
 
-# 16: nothing the progress display writes can end a run
+# nothing the progress display writes can end a run
 @pytest.mark.parametrize("mode", ["plain", "live", "none"])
 def test_progress_to_a_closed_stream_never_raises(mode):
     display = Progress(mode, stream=_Gone())
@@ -161,7 +161,7 @@ def test_progress_to_a_closed_stream_never_raises(mode):
     progress.say("mprl: the last line", _Gone())
 
 
-# 16: Python started with stderr or stdout closed (`mprl run ... 2>&-`) has None for them
+# Python started with stderr or stdout closed (`mprl run ... 2>&-`) has None for them
 def test_progress_and_last_lines_without_a_stream(monkeypatch):
     monkeypatch.setattr("sys.stderr", None)
     display = Progress("auto")
@@ -175,7 +175,7 @@ def test_progress_and_last_lines_without_a_stream(monkeypatch):
     progress.say("mprl: the last line", None)
 
 
-# 16: a pipe whose reader is gone: the stream's descriptor then writes to /dev/null, so that
+# a pipe whose reader is gone: the stream's descriptor then writes to /dev/null, so that
 # nothing else (the interpreter's last flush at exit) fails or complains either
 def test_a_broken_pipe_is_pointed_at_dev_null():
     r, w = os.pipe()
@@ -193,7 +193,7 @@ def test_a_broken_pipe_is_pointed_at_dev_null():
         stream.close()
 
 
-# 4: SIGHUP asks for a clean stop like SIGTERM, except under nohup
+# SIGHUP asks for a clean stop like SIGTERM, except under nohup
 def test_sighup_is_a_stop_unless_nohup_ignores_it():
     before = signal.getsignal(signal.SIGHUP)
     try:
@@ -211,7 +211,7 @@ def test_sighup_is_a_stop_unless_nohup_ignores_it():
         signal.signal(signal.SIGHUP, before)
 
 
-# 23: building (and resetting) a worker's envs is start-up work, beaten for as it goes
+# building (and resetting) a worker's envs is start-up work, beaten for as it goes
 def test_building_an_env_batch_beats_as_start_up():
     beats: list[tuple[int, bool]] = []
     channel = SimpleNamespace(beat=lambda slot, starting=False: beats.append((slot, starting)))
@@ -229,7 +229,7 @@ def test_building_an_env_batch_beats_as_start_up():
     batch.close()
 
 
-# 24: the EnvPool message does not contradict itself
+# the EnvPool message does not contradict itself
 @pytest.mark.parametrize(
     ("env", "message"),
     [

@@ -1,5 +1,5 @@
 """Opening a run directory's files in place (mprl.files) and the refusals of RunDir before a run
-starts (issue 27: 1, 5, 9, 14); tests/integration/test_faults_files.py drives the same through
+starts; tests/integration/test_faults_files.py drives the same through
 the CLI."""
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from tests.conftest import REPO
 
 README = REPO / "README.md"
 DOCS = REPO / "docs"
-#: the pages the README's long explanations moved to (issue 26)
+#: the pages the README's long explanations moved to
 TOPIC_PAGES = [
     "running.md",
     "faults.md",

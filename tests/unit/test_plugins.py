@@ -348,7 +348,7 @@ def test_blocking_one_distribution_s_plugin_loads_the_other(
 def test_the_third_party_s_own_code_runs_and_its_run_records_its_distribution(
     third_party_dqn, tmp_path, capsys
 ):
-    """The bug of issue 40: the built-in's code ran under the third party's name and version,
+    """The bug a user found: the built-in's code ran under the third party's name and version,
     and the third party's own run could not be loaded (``unknown field 'anneal_steps'``)."""
     chosen = get_plugin_manager(blocked=["mprl:dqn"])
     run_dir = tmp_path / "run"

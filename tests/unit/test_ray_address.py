@@ -1,6 +1,6 @@
-"""--ray-address checked before Ray is handed it and before anything is made (issue 27, items 7
-and 20): a bad form, nobody there, or something there that is no Ray cluster is bad usage
-(exit 2, no run directory), said in one line; nothing waits for minutes."""
+"""--ray-address checked before Ray is handed it and before anything is made: a bad form,
+nobody there, or something there that is no Ray cluster is bad usage (exit 2, no run
+directory), said in one line; nothing waits for minutes."""
 
 from __future__ import annotations
 
@@ -73,7 +73,7 @@ def test_a_port_where_something_else_answers_is_refused_as_no_ray_cluster(
 
 def test_a_ray_run_on_this_machine_that_cannot_fit_its_memory_is_refused(capsys, tmp_path):
     """Ray started here puts every actor on this machine: the local backend's memory check
-    applies (issue 27, item 22), before Ray is started."""
+    applies, before Ray is started."""
     code, err = cli_here(
         capsys, "run", "--plugin", "impala", "--backend", "ray", "--workers", "400",
         "--run-dir", str(tmp_path / "run"), "--quiet",

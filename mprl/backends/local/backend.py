@@ -251,7 +251,7 @@ class _LocalSupervisor(Supervisor):
             target=_child_main,
             args=(self.job.function(role), attrs.evolve(ctx, channel=self.channel),
                   self.threads, stack_file, self._leftovers()),
-            name=f"mprl-{role.role}" + (f"-{role.rank}" if role.rank >= 0 else ""),
+            name=f"mprl-{role.kind}" + (f"-{role.rank}" if role.rank >= 0 else ""),
             daemon=True,
         )  # fmt: skip
         with child_environment(self.threads):

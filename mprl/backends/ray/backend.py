@@ -15,7 +15,7 @@ stop sequence) is :class:`mprl.backends.supervisor.Supervisor`'s.
   before it reads its copies of them (a checkpoint, the policy check, an evaluation:
   :meth:`_RaySupervisor.refresh`), and once at the end.
 - A plugin without a ``Weights`` field whose workers act with ``ctx.model``: every
-  :data:`SYNC_S` seconds the train process puts its model in Ray's object store, and each
+  :data:`MODEL_SHARE_S` seconds the train process puts its model in Ray's object store, and each
   worker loads it from there; the driver passes the reference on and never reads it.
 - Shared-memory kinds (``Tensor``) and Hogwild (workers training one shared model) need one
   machine's memory: they are refused before anything starts.
@@ -46,13 +46,11 @@ from mprl.schema import SharedState
 INSTALL = cluster.INSTALL
 #: seconds between the train process's model shares with workers that act with ``ctx.model``
 #: (a plugin without a ``Weights`` field)
-SYNC_S = 1.0
-#: seconds children get to return after the stop flag, before their actors are killed
-STOP_GRACE_S = 5.0
+MODEL_SHARE_S = 1.0
 #: Ray's own processes on a machine it runs on (GCS, raylet, agents), counted as children
 RAY_PROCESSES = 3
 #: the longest one answer from an actor (a poll, the final state) is awaited
-CALL_TIMEOUT_S = 30.0
+ANSWER_TIMEOUT_S = 30.0
 #: seconds the driver waits, at the end of a run, for Ray to see its killed actors' processes end
 ACTORS_GONE_S = 10.0
 
@@ -196,7 +194,7 @@ class _Actor:
             return Status(RUNNING, self.silent, starting)
         where = f" on node {self.node}" if self.node else ""
         try:
-            result = ray.get(self.run_ref, timeout=CALL_TIMEOUT_S)
+            result = ray.get(self.run_ref, timeout=ANSWER_TIMEOUT_S)
         except ray.exceptions.RayActorError as exc:
             self._ended = Status(FAILED, reason=f"its actor died{where}: {cluster.cause(exc)}")
         except ray.exceptions.RayError as exc:
@@ -239,7 +237,6 @@ class _RaySupervisor(Supervisor):
     """Ray actors, seen through their run references and polls."""
 
     startup_timeout_s = 180.0  # placement, then imports (client.START_TIMEOUT_S too)
-    stop_grace_s = STOP_GRACE_S
 
     def __init__(self, job: Job, monitor: Monitor, session: Path | None) -> None:
         super().__init__(job, monitor)
@@ -251,8 +248,8 @@ class _RaySupervisor(Supervisor):
         self.authkey = secrets.token_bytes(32)
         self.options = job.run.of(cluster.RayOptions)
         self.learner = _learner(job)
-        # workers that act with ctx.model get the train process's, by reference, every SYNC_S:
-        # unless they read weights through a Weights field (every built-in plugin)
+        # workers that act with ctx.model get the train process's, by reference, every
+        # MODEL_SHARE_S: unless they read weights through a Weights field (every built-in plugin)
         fields = job.algorithm.schema.fields.values()
         self.share_model = job.algorithm.train is not None and not any(
             f.kind == "Weights" for f in fields
@@ -331,7 +328,7 @@ class _RaySupervisor(Supervisor):
 
     def _threads(self, role: Role) -> int:
         learner = self.learner.get("CPU", 1.0)
-        cpus = self.options.worker_cpus if role.role == "worker" else learner
+        cpus = self.options.worker_cpus if role.kind == "worker" else learner
         return self.job.run.torch_threads or max(1, int(cpus or 1))
 
     def _new_actor(self, role: Role) -> Any:
@@ -339,7 +336,7 @@ class _RaySupervisor(Supervisor):
 
         from mprl.backends.ray.actor import ChildActor
 
-        if role.role == "worker":
+        if role.kind == "worker":
             options = {"num_cpus": self.options.worker_cpus, "scheduling_strategy": "SPREAD"}
             concurrency = 4  # run, poll, and room to spare
         else:  # it hosts the hub too: every worker may be waiting in it at once
@@ -376,7 +373,7 @@ class _RaySupervisor(Supervisor):
 
         self.ticks += 1
         now = time.monotonic()
-        share = self.share_model and now - self.last_sync >= SYNC_S
+        share = self.share_model and now - self.last_sync >= MODEL_SHARE_S
         for actor in self.actors.values():
             if actor._ended is None and actor.poll_ref is None and now - actor.poll_sent >= TICK_S:
                 self.send_poll(actor, share=share)
@@ -396,7 +393,7 @@ class _RaySupervisor(Supervisor):
     def send_poll(self, actor: _Actor, share: bool = False) -> None:
         """Send ``actor`` a poll: the stop flag and the run's steps in, its steps, heartbeat and
         records out, the train process's model on the way where workers act with it."""
-        trainer = actor.role.role == "trainer"
+        trainer = actor.role.kind == "trainer"
         model = None
         if not trainer and self.model_ref is not None and actor.model_sent < self.model_gen:
             model, actor.model_sent = self.model_ref, self.model_gen
@@ -418,7 +415,7 @@ class _RaySupervisor(Supervisor):
         import ray
 
         try:
-            where = ray.get(actor.where_ref, timeout=CALL_TIMEOUT_S)
+            where = ray.get(actor.where_ref, timeout=ANSWER_TIMEOUT_S)
         except Exception:  # the actor died; its run ref says how
             where = None
         actor.where_ref = None
@@ -440,7 +437,7 @@ class _RaySupervisor(Supervisor):
 
         ref, actor.poll_ref = actor.poll_ref, None
         try:
-            out = ray.get(ref, timeout=CALL_TIMEOUT_S)
+            out = ray.get(ref, timeout=ANSWER_TIMEOUT_S)
         except Exception:  # the actor is gone: its run ref says how
             return
         actor.answered = True
@@ -459,11 +456,11 @@ class _RaySupervisor(Supervisor):
 
         with contextlib.suppress(Exception):  # the actor is gone: nothing more to take
             if actor.poll_ref is not None:  # sent before the function returned: take it first
-                ray.wait([actor.poll_ref], timeout=CALL_TIMEOUT_S)
+                ray.wait([actor.poll_ref], timeout=ANSWER_TIMEOUT_S)
                 self._answer(actor)
             # then one sent now, which counts the function's last steps and records
             self.send_poll(actor)
-            ray.wait([actor.poll_ref], timeout=CALL_TIMEOUT_S)
+            ray.wait([actor.poll_ref], timeout=ANSWER_TIMEOUT_S)
             self._answer(actor)
 
     def refresh(self, final: bool = False) -> None:
@@ -481,7 +478,7 @@ class _RaySupervisor(Supervisor):
         if not final and self.fetched_at == self.ticks:
             return
         self.fetched_at, self.final = self.ticks, final
-        timeout = STOP_GRACE_S if final and not _ready(trainer.run_ref) else CALL_TIMEOUT_S
+        timeout = self.stop_grace_s if final and not _ready(trainer.run_ref) else ANSWER_TIMEOUT_S
         with contextlib.suppress(ray.exceptions.RayError, TimeoutError):
             state = ray.get(trainer.actor.state.remote(), timeout=timeout)
             if state:

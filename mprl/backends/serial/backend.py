@@ -55,7 +55,7 @@ class _Proc:
         self.rng: tuple[Any, Any, Any] | None = None
         self.thread = threading.Thread(
             target=self._main,
-            name=f"mprl-{role.role}" + (f"-{role.rank}" if role.rank >= 0 else ""),
+            name=f"mprl-{role.kind}" + (f"-{role.rank}" if role.rank >= 0 else ""),
             daemon=True,  # a forced exit (second Ctrl-C) does not wait for it
         )
         self.run: _SerialRun | None = None

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from mprl.backends.ray.backend import ACTORS_GONE_S, STOP_GRACE_S
+from mprl.backends.ray.backend import ACTORS_GONE_S
+from mprl.backends.supervisor import Supervisor
 from tests.conftest import clean_stderr, cli, read_metrics, running, wait_for_metrics
 from tests.slow.ray_cluster import WORKER, placed, ray_processes, run_ray
 
@@ -103,7 +104,7 @@ def test_sigint_stops_the_run_saves_a_checkpoint_and_leaves_no_actor(cluster, tm
     # within the stop's own bounds (the children's grace, the final state's read of a train
     # process still running, the wait for the actors to be gone), not a call's 60 s timeout;
     # a loaded suite took 10.4 s
-    assert took < 2 * STOP_GRACE_S + ACTORS_GONE_S, took
+    assert took < 2 * Supervisor.stop_grace_s + ACTORS_GONE_S, took
     clean_stderr(stderr)
     summary = json.loads((run_dir / "summary.json").read_text())
     saved = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
@@ -309,7 +310,7 @@ def test_a_hub_that_does_not_answer_as_the_run_starts_ends_it_in_words(cluster, 
 def test_sigterm_and_sigint_to_a_ray_driver_stop_it_cleanly(cluster, tmp_path, when):
     """Ray's init sets its own signal handlers; mprl's are put in after it joins, so a SIGTERM
     is a clean stop with a summary (143) and a SIGINT in the first seconds leaves no
-    traceback (130) (issue 27, items 11 and 12)."""
+    traceback (130)."""
     run_dir = tmp_path / "run"
     args = ["--backend", "ray", "--ray-address", cluster.address, "--plugin", "relay",
             "--workers", "2", *WORKER, "--total-steps", "400000",

@@ -1,5 +1,5 @@
-"""The second fault matrix: what still lost data, crashed with a traceback or misled (issue
-"Nothing lost, nothing unclear"). Numbers in the comments are the issue's cases."""
+"""What a machine can hold, checked before a run starts (memory for its processes, a note on a
+crowded machine), and the episodes a run sums up past its metrics' budget."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def probe(run_dir: Path, *settings: str, steps: int = 10**9, workers: int = 2) -
     return args
 
 
-# 8: too many workers for the machine, and "interrupted" whatever happened after the stop
+# too many workers for the machine, and "interrupted" whatever happened after the stop
 def test_more_workers_than_the_memory_holds_is_refused_before_anything_starts(
     installed, tmp_path, capsys
 ):
@@ -46,7 +46,7 @@ def test_memory_and_core_notes_before_a_crowded_run():
     assert preflight.check_memory(2, available=10**15) == []
 
 
-# 17: a long fast run writes a bounded stream of episode records
+# a long fast run writes a bounded stream of episode records
 def test_episodes_past_the_budget_are_summed_up_per_source_and_read_back_weighted(tmp_path):
     thin = EpisodeThinning(full=False, rate=0.0, burst=3, every_s=3600)
     episodes = [

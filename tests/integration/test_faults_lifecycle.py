@@ -1,5 +1,7 @@
-"""The second fault matrix: what still lost data, crashed with a traceback or misled (issue
-"Nothing lost, nothing unclear"). Numbers in the comments are the issue's cases."""
+"""Faults over a run's life, through the CLI: a run directory another run holds, a stale lock,
+eval's output checked first, a plugin's act that breaks its contract, signals while the Manager
+server starts, while the main process imports and between worker starts, a checkpoint that
+would import code, a killed main process, file modes, a stop that a child's failure follows."""
 
 from __future__ import annotations
 
@@ -26,10 +28,10 @@ from tests.conftest import (
     wait_for_metrics,
     wait_until,
 )
-from tests.unit.test_faults_second import probe
+from tests.unit.test_machine_limits import probe
 
 
-# 1: two processes cannot write one run directory
+# two processes cannot write one run directory
 def test_a_run_directory_in_use_is_refused_naming_the_pid_that_holds_it(installed, run_dir):
     # (a run with no end: it holds the directory until the test stops it)
     with running([*probe(run_dir, steps=10**9), "--checkpoint-every", "0.5"]) as proc:
@@ -63,7 +65,7 @@ def test_a_stale_lock_of_a_killed_run_is_taken_over(installed, run_dir):
     assert (run_dir / ".lock").read_text().strip() != str(proc.pid)
 
 
-# 2: eval --out cannot overwrite the checkpoint it reads, nor go nowhere
+# eval --out cannot overwrite the checkpoint it reads, nor go nowhere
 def test_eval_out_is_checked_before_anything_is_played(installed, tmp_path, capsys):
     run_dir = tmp_path / "run"
     assert (
@@ -84,7 +86,7 @@ def test_eval_out_is_checked_before_anything_is_played(installed, tmp_path, caps
     assert code == 0 and json.loads((tmp_path / "e.json").read_text())["episodes"] == 10
 
 
-# 5: a plugin's act() that breaks its contract costs the run nothing
+# a plugin's act() that breaks its contract costs the run nothing
 @pytest.mark.parametrize("returns", ["tensor", "raise"])
 def test_a_broken_act_is_reported_once_and_the_run_goes_on(installed, tmp_path, returns):
     run_dir = tmp_path / "run"
@@ -109,7 +111,7 @@ def test_a_broken_act_is_reported_once_and_the_run_goes_on(installed, tmp_path, 
     clean_stderr(proc.stderr)
 
 
-# 6: SIGTERM to the whole process group while the Manager server starts
+# SIGTERM to the whole process group while the Manager server starts
 def test_sigterm_to_the_group_while_the_manager_starts_is_a_clean_stop(installed, run_dir):
     proc = subprocess.Popen(
         [sys.executable, "-m", "mprl", "run", *probe(run_dir)],
@@ -136,7 +138,7 @@ def test_sigterm_to_the_group_while_the_manager_starts_is_a_clean_stop(installed
     assert summary["status"] == "interrupted" and summary["signal"] == signal.SIGTERM
 
 
-# 6b: SIGTERM / SIGHUP to the group while the main process still imports, its children's
+# SIGTERM / SIGHUP to the group while the main process still imports, its children's
 # forkserver already started (python -m mprl run's first act)
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
 def test_a_signal_while_the_main_process_imports_ends_it_with_nothing_left(
@@ -168,7 +170,7 @@ def test_a_signal_while_the_main_process_imports_ends_it_with_nothing_left(
     # the fixture: no process (the server leaves once the main process has), no temp dir
 
 
-# 7: a stop request while the workers start one after another
+# a stop request while the workers start one after another
 def test_a_stop_between_worker_starts_starts_no_more_workers(installed, run_dir):
     args = [*probe(run_dir, workers=4), "--start-interval", "10"]
     with running(args) as proc:
@@ -185,7 +187,7 @@ def test_a_stop_between_worker_starts_starts_no_more_workers(installed, run_dir)
     assert summary["status"] == "interrupted" and summary["per_worker_steps"][1:] == [0, 0, 0]
 
 
-# 12: an env id read from a checkpoint does not get to import code; 13: nor does pickled code
+# an env id read from a checkpoint does not get to import code; nor does pickled code
 def test_a_checkpoint_cannot_make_mprl_import_a_module(installed, tmp_path):
     run_dir = tmp_path / "run"
     assert cli("run", *probe(run_dir, steps=200, workers=1)).returncode == 0
@@ -208,7 +210,7 @@ def test_a_checkpoint_cannot_make_mprl_import_a_module(installed, tmp_path):
     assert "weights_only" not in proc.stderr  # never the advice that would run it
 
 
-# 14: the main process SIGKILLed leaves nothing behind (the fixture checks /tmp/pymp-*,
+# the main process SIGKILLed leaves nothing behind (the fixture checks /tmp/pymp-*,
 # /dev/shm and processes after every test)
 def test_a_killed_main_process_leaves_no_stack_files_or_cut_writes(installed, run_dir):
     with running(probe(run_dir, "fault=none", steps=10**9)) as proc:
@@ -227,7 +229,7 @@ def test_a_killed_main_process_leaves_no_stack_files_or_cut_writes(installed, ru
     assert not (run_dir / "logs").exists() and not cut.exists()
 
 
-# 15: one rule for file modes: the user's umask, as open() applies it
+# one rule for file modes: the user's umask, as open() applies it
 def test_every_file_of_a_run_has_the_mode_the_umask_gives(installed, run_dir):
     assert cli("run", *probe(run_dir, steps=200, workers=1)).returncode == 0
     mask = os.umask(0o022)
