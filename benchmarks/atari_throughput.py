@@ -253,7 +253,8 @@ def main() -> int:
     args = parser.parse_args()
     systems: list[str] = []
     for item in args.systems.split(","):  # "a@x=1,y=2,b": the "y=2" is still a's
-        if systems and "@" in systems[-1] and "=" in item and "@" not in item:
+        continues = "=" in item or item.startswith("--")  # a --set value or a run flag
+        if systems and "@" in systems[-1] and continues and "@" not in item:
             systems[-1] += "," + item
         else:
             systems.append(item)

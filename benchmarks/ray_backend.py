@@ -10,6 +10,7 @@ until CartPole-v1 is solved (or ``--cap-s``):
                machines), with ``--calls``
 ``ray-base``   ``ray`` with the mprl of ``--baseline TREE`` (a ``git worktree`` of an older
                commit), when given: a before/after of a change in the same invocation
+               (``ray-calls-base`` too, with ``--calls``)
 ``sb3_ppo``    Stable-Baselines3 PPO, rl-zoo settings (``time_to_solve.run_sb3``)
 
 Reported per run, from the run directory and ``/proc``:
@@ -105,7 +106,7 @@ def _budget(total_steps: int) -> list[str]:
 def _backend(system: str, address: str) -> list[str]:
     if system in ("ray", "ray-base"):
         return ["--backend", "ray"]
-    if system == "ray-calls":
+    if system in ("ray-calls", "ray-calls-base"):
         return ["--backend", "ray", "--no-shared-memory"]
     if system == "cluster":
         return ["--backend", "ray", "--ray-address", address]
@@ -116,7 +117,7 @@ def _env(system: str, baseline: str) -> dict[str, Any]:
     """``subprocess`` arguments: ``ray-base`` runs the mprl and plugins of the ``baseline``
     tree, from that tree (Ray puts the driver's working directory first on its actors' path:
     run from this checkout, the actors would import this checkout's mprl)."""
-    if system != "ray-base":
+    if not system.endswith("-base"):
         return {"env": dict(os.environ)}
     return {"env": _baseline.environ(baseline), "cwd": baseline}
 
@@ -229,6 +230,7 @@ def main() -> int:
     systems = ["local", "ray"] + (["cluster"] if args.address else [])
     systems += ["ray-calls"] if args.calls else []
     systems += ["ray-base"] if args.baseline else []
+    systems += ["ray-calls-base"] if args.baseline and args.calls else []
     rows: list[dict[str, Any]] = []
     for seed in range(args.seeds):
         for system in systems:
