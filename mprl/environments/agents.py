@@ -220,16 +220,14 @@ def pettingzoo_module(env_id: str) -> Any:
     return module if hasattr(module, "parallel_env") or hasattr(module, "env") else None
 
 
-def make_parallel(env_id: str, module: Any, kwargs: dict[str, Any]) -> gym.Env:
+def make_parallel(env_id: str, module: Any, kwargs: dict[str, Any], name: str = "") -> gym.Env:
     """The PettingZoo env ``module.parallel_env(**kwargs)`` as one gymnasium env
-    (:class:`AgentEnv`); an AEC-only module is refused, saying how to convert."""
+    (:class:`AgentEnv`, called ``name`` in messages: ``env_id`` with its arguments); an
+    AEC-only module is refused, saying how to convert. What ``parallel_env`` raises is its own
+    (the env room's ``mprl_make_env`` names the env and the arguments it was given)."""
     if not hasattr(module, "parallel_env"):
         raise UsageError(f"environment {env_id!r} has only PettingZoo's AEC API: {AEC_FIX}")
-    try:
-        env = module.parallel_env(**kwargs)
-    except TypeError as exc:
-        raise UsageError(f"environment {env_id!r}: {exc}") from None
-    return AgentEnv(env, env_id)
+    return AgentEnv(module.parallel_env(**kwargs), name or env_id)
 
 
 def adapt(env: Any, env_id: str) -> gym.Env | None:

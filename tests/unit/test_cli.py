@@ -40,7 +40,7 @@ from tests.conftest import (
         (["--plugin", "mappo", "--env", "CartPole-v1"], r"algorithm 'mappo' takes multi-agent environments \(PettingZoo's parallel API, e.g. --env mpe2:simple_spread_v3\), and 'CartPole-v1' has one agent"),
         (["--plugin", "mappo", "--env", "mpe2:simple_world_comm_v3"], r"its agents have different action counts \(leadadversary_0: 20, adversary_0: 5, .*\); mprl needs one action space for all agents"),
         (["--plugin", "mappo", "--env", "mpe2:simple_spread_v3(N=two)"], r"environment 'mpe2:simple_spread_v3\(N=two\)': its arguments must be key=value with Python literals"),
-        (["--plugin", "mappo", "--env", "mpe2:simple_spread_v3(bogus=1)"], r"environment 'mpe2:simple_spread_v3': .*unexpected keyword argument 'bogus'"),
+        (["--plugin", "mappo", "--env", "mpe2:simple_spread_v3(bogus=1)"], r"environment 'mpe2:simple_spread_v3\(bogus=1\)' cannot be made with bogus=1: TypeError: .*unexpected keyword argument 'bogus'"),
         (["--plugin", "a3c", "--set", "core=lstm"], r"unknown field 'core'"),
         # case 12: a missing module of a module:Env id is a usage error
         (["--plugin", "a3c", "--env", "no_such_module_xyz:Foo-v0"], r"unknown gymnasium environment 'no_such_module_xyz:Foo-v0': No module named 'no_such_module_xyz'"),
