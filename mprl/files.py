@@ -4,9 +4,11 @@ A run writes into files it opens in place (its lock, ``metrics.jsonl``, ``metric
 child's stack file). A symbolic link at one of those paths would make the run write through it,
 into whatever file it names; a FIFO would block the run for ever. :func:`open_regular` opens
 only a regular file (``O_NOFOLLOW``, then ``fstat``) and raises :class:`NotRegularFile` for
-anything else; :func:`open_new` replaces whatever is at the path by a new file. Files written
-whole are replaced atomically instead (``mprl.host.rundir.atomic_write``), which never follows a
-link either. A leaf: the host and the backends both import it.
+anything else; :func:`open_new` replaces whatever is at the path by a new file;
+:func:`exists_as` says whether a regular file (or a directory) is at a path, refusing anything
+else there the same way. Files written whole are replaced atomically instead
+(``mprl.host.rundir.atomic_write``), which never follows a link either. A leaf: the host and
+the backends both import it.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import stat
 from pathlib import Path
 
 _KINDS = (
+    (stat.S_ISREG, "a regular file"),
     (stat.S_ISDIR, "a directory"),
     (stat.S_ISFIFO, "a FIFO"),
     (stat.S_ISSOCK, "a socket"),
@@ -39,10 +42,24 @@ def _what(path: str | Path, st: os.stat_result) -> str:
     return next((name for test, name in _KINDS if test(st.st_mode)), "not a regular file")
 
 
-def _refuse(path: str | Path, st: os.stat_result) -> NotRegularFile:
+def _refuse(path: str | Path, st: os.stat_result, wanted: str = "a regular file") -> NotRegularFile:
     return NotRegularFile(
-        errno.EINVAL, f"{str(path)!r} is {_what(path, st)}, not a regular file", str(path)
+        errno.EINVAL, f"{str(path)!r} is {_what(path, st)}, not {wanted}", str(path)
     )
+
+
+def exists_as(path: str | Path, *, directory: bool = False) -> bool:
+    """Whether a regular file (``directory``: a directory) is at ``path`` itself, a symbolic
+    link there not followed: False when nothing is; anything else there (a link, even to one, a
+    FIFO, a device, a directory where a file is wanted or the reverse) raises
+    :class:`NotRegularFile` naming it and what it is."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    if not (stat.S_ISDIR if directory else stat.S_ISREG)(st.st_mode):
+        raise _refuse(path, st, "a directory" if directory else "a regular file")
+    return True
 
 
 def open_regular(path: str | Path, flags: int, mode: int = 0o666) -> int:

@@ -36,6 +36,29 @@ def test_open_regular_opens_a_regular_file_and_refuses_links_fifos_and_directori
     assert victim.read_text() == "precious\n" and not (tmp_path / "nowhere").exists()
 
 
+def test_exists_as_says_what_is_there_and_refuses_links_and_the_other_kind(tmp_path):
+    from mprl.files import exists_as
+
+    (tmp_path / "file").write_text("")
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "dir")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    os.mkfifo(tmp_path / "fifo")
+    assert exists_as(tmp_path / "file") and exists_as(tmp_path / "dir", directory=True)
+    assert not exists_as(tmp_path / "none") and not exists_as(tmp_path / "none", directory=True)
+    for name, directory, what in [
+        ("link", True, f"a symbolic link (to '{tmp_path / 'dir'}'), not a directory"),
+        ("dangling", False, f"a symbolic link (to '{tmp_path / 'nowhere'}'), not a regular file"),
+        ("fifo", False, "a FIFO, not a regular file"),
+        ("dir", False, "a directory, not a regular file"),
+        ("file", True, "a regular file, not a directory"),
+    ]:
+        with pytest.raises(NotRegularFile) as caught:
+            exists_as(tmp_path / name, directory=directory)
+        assert caught.value.strerror == f"'{tmp_path / name}' is {what}"
+    assert not (tmp_path / "nowhere").exists()
+
+
 def test_open_new_replaces_a_link_instead_of_writing_through_it(tmp_path):
     victim = tmp_path / "victim"
     victim.write_text("precious\n")
