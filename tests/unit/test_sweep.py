@@ -260,3 +260,103 @@ def test_the_old_module_gives_each_name_with_a_warning_naming_its_new_place():
         assert namespace["found"] is deprecated.resolve(place)
     with pytest.raises(ImportError, match="cannot import name 'nothing'"):
         exec("from mprl.tools.sweep import nothing")
+
+
+# -- the sweep directory's files: never written, read or removed through a link -----------------
+
+
+def _sweep_dir(root):
+    root.mkdir()
+    (root / spec.SPEC_FILE).write_text(json.dumps(spec.Spec("a3c", [0]).to_dict()))
+    return root
+
+
+def test_what_a_sweep_writes_whole_replaces_a_link_there_never_writes_through_it(tmp_path):
+    """Planted after the sweep's check at its start, a link where it writes a file whole (the
+    results, a config, sweep.json) or a run's log is replaced by the sweep's own file."""
+    from mprl_builtin.sweep import sweepdir
+
+    root = _sweep_dir(tmp_path / "sw")
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    for name in ("results.json", "results.csv", "run.log"):
+        (root / name).symlink_to(victim)
+    results.write_results(root, plot=False)
+    with sweepdir.open_log(root / "run.log") as log:
+        log.write(b"output\n")
+    assert victim.read_text() == "precious\n"
+    for name in ("results.json", "results.csv", "run.log"):
+        assert not (root / name).is_symlink() and (root / name).stat().st_size > 0
+    assert json.loads((root / "results.json").read_text())["rows"] == []
+    assert sorted(p.name for p in root.iterdir()) == [  # no temp file left
+        "results.csv", "results.json", "run.log", spec.SPEC_FILE
+    ]  # fmt: skip
+
+
+def test_report_refuses_a_link_where_it_writes(capsys, tmp_path):
+    root = _sweep_dir(tmp_path / "sw")
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    (root / "results.json").symlink_to(victim)
+    code, err = cli_here(capsys, "sweep", "--report", str(root))
+    assert code == 2 and err.count("\n") == 1, err
+    assert f"'{root / 'results.json'}' is a symbolic link (to '{victim}')" in err
+    assert victim.read_text() == "precious\n"
+
+
+def test_held_by_names_the_pid_holding_a_run_directory(tmp_path):
+    import fcntl
+    import os
+
+    from mprl_builtin.sweep.sweepdir import held_by
+
+    run = tmp_path / "run"
+    run.mkdir()
+    assert held_by(run) is None  # no lock: no run was ever there
+    (run / ".lock").write_text("4242\n")
+    assert held_by(run) is None  # a run that ended (or was killed): the kernel let it go
+    fd = os.open(run / ".lock", os.O_RDWR)  # held as a run holds it
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    try:
+        assert held_by(run) == "4242"
+    finally:
+        os.close(fd)
+    assert held_by(run) is None
+    (run / ".lock").unlink()
+    (run / ".lock").symlink_to(tmp_path / "nowhere")  # no run could hold that
+    assert held_by(run) is None and not (tmp_path / "nowhere").exists()
+
+
+def test_a_run_directory_is_removed_never_through_a_link(tmp_path):
+    from mprl_builtin.sweep.sweepdir import remove_run_dir
+
+    root = tmp_path / "sw"
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "base-seed0").mkdir(parents=True)
+    (elsewhere / "base-seed0" / "keep.txt").write_text("mine\n")
+    (root / "trials").mkdir(parents=True)
+    (root / "trials" / "base-seed0").symlink_to(elsewhere / "base-seed0")
+    with pytest.raises(UsageError, match=r"trials/base-seed0' is a symbolic link .* remove it"):
+        remove_run_dir(root, root / "trials" / "base-seed0")
+    (root / "trials" / "base-seed0").unlink()
+    run = root / "trials" / "base-seed0"
+    run.mkdir()
+    (run / "inside").symlink_to(elsewhere)  # a link inside goes, not what it names
+    remove_run_dir(root, run)
+    assert not run.exists() and (elsewhere / "base-seed0" / "keep.txt").read_text() == "mine\n"
+    (root / "trials").rmdir()
+    (root / "trials").symlink_to(elsewhere)
+    with pytest.raises(UsageError, match=r"sw/trials' is a symbolic link .*not a directory"):
+        remove_run_dir(root, root / "trials" / "base-seed0")
+    assert (elsewhere / "base-seed0" / "keep.txt").read_text() == "mine\n"
+
+
+def test_a_summary_that_is_a_link_is_no_result(tmp_path):
+    run = tmp_path / "trials" / "base-seed0"
+    run.mkdir(parents=True)
+    (tmp_path / "done.json").write_text(json.dumps({"status": "finished"}))
+    (run / "summary.json").symlink_to(tmp_path / "done.json")
+    assert not results.is_done(run)
+    (run / "summary.json").unlink()
+    (run / "summary.json").write_text(json.dumps({"status": "finished"}))
+    assert results.is_done(run)

@@ -15,7 +15,8 @@ seeds, grid, search, objective), ``optuna.db``, ``configs/KEY.toml`` (each confi
 (each run's output), and at the end ``results.csv``, ``results.json`` and ``sweep.png``.
 
 The modules: :mod:`.command` (the arguments), :mod:`.spec` (what a sweep is, checked),
-:mod:`.runner` (running it), :mod:`.results` (the table and plot).
+:mod:`.runner` (running it), :mod:`.results` (the table and plot), :mod:`.sweepdir` (the sweep
+directory's files, never written, read or removed through a link).
 """
 
 from __future__ import annotations

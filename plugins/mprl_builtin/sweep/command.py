@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from mprl.errors import UsageError
 from mprl.host.plugins import PluginManager
@@ -84,8 +85,10 @@ def run(args: argparse.Namespace, plugins: PluginManager) -> int:
     from mprl_builtin.sweep.results import write_results
     from mprl_builtin.sweep.runner import run_sweep
     from mprl_builtin.sweep.spec import make_spec
+    from mprl_builtin.sweep.sweepdir import check
 
     if args.report:
+        check(Path(args.report))  # what it writes there: never through a link
         print(write_results(args.report))
         return 0
     if args.resume:

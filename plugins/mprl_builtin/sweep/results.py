@@ -4,6 +4,7 @@ objective, the table, ``results.csv``, ``results.json`` and the plot ``sweep.png
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 import statistics
@@ -20,13 +21,14 @@ from mprl.tools.report import (
     rolling_mean,
 )
 from mprl_builtin.sweep.spec import OBJECTIVES, Spec, read_spec
+from mprl_builtin.sweep.sweepdir import read_text, write
 
 DONE = ("finished", "failed")  # a run's summary status that is a result, never re-run
 
 
 def _summary(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads((path / "summary.json").read_text(encoding="utf-8"))
+    try:  # a regular file only: a link there is no result of the run's
+        data = json.loads(read_text(path / "summary.json"))
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
@@ -89,9 +91,9 @@ def sweep_results(sweep_dir: str | Path) -> tuple[Spec, list[dict[str, Any]]]:
     spec = read_spec(root)
     groups: dict[str, list[Path]] = {}
     trials = root / "trials"
-    for path in sorted(trials.iterdir()) if trials.is_dir() else []:
+    for path in sorted(trials.iterdir()) if trials.is_dir() and not trials.is_symlink() else []:
         key, sep, _ = path.name.rpartition("-seed")
-        if sep and is_done(path):
+        if sep and not path.is_symlink() and is_done(path):  # a link: not a run of the sweep
             groups.setdefault(key, []).append(path)
     rows = [_row(spec, key, paths) for key, paths in groups.items()]
     sign = -1 if spec.direction == "maximize" else 1
@@ -180,12 +182,14 @@ def write_results(sweep_dir: str | Path, plot: bool = True) -> str:
     spec, rows = sweep_results(root)
     data = {"objective": spec.objective, "direction": spec.direction, "sweep": spec.to_dict(),
             "rows": rows}  # fmt: skip
-    (root / "results.json").write_text(json.dumps(data, indent=2, default=str) + "\n")
-    with (root / "results.csv").open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=[*_CSV, *spec.axes], extrasaction="ignore")
-        writer.writeheader()
-        for r in rows:
-            writer.writerow({**r, **{n: r["params"].get(n) for n in spec.axes}})
+    # each replaced whole (a link there is replaced, never written through)
+    write(root / "results.json", (json.dumps(data, indent=2, default=str) + "\n").encode())
+    table = io.StringIO(newline="")
+    writer = csv.DictWriter(table, fieldnames=[*_CSV, *spec.axes], extrasaction="ignore")
+    writer.writeheader()
+    for r in rows:
+        writer.writerow({**r, **{n: r["params"].get(n) for n in spec.axes}})
+    write(root / "results.csv", table.getvalue().encode())
     lines = [
         format_results(spec, rows),
         f"objective: {spec.objective}: {OBJECTIVES[spec.objective][1]}",
@@ -235,6 +239,7 @@ def plot_sweep(sweep_dir: Path, rows: Sequence[dict[str, Any]]) -> Path:
     for ax in (by_steps, by_wall):
         ax.grid(True, alpha=0.3)
     by_steps.legend(loc="best", fontsize="small")
-    out = sweep_dir / "sweep.png"
-    fig.savefig(out, dpi=100)
+    out, image = sweep_dir / "sweep.png", io.BytesIO()
+    fig.savefig(image, format="png", dpi=100)
+    write(out, image.getvalue())
     return out

@@ -5,26 +5,36 @@ subprocesses, ``--parallel`` at a time, in sessions of their own; a signal stops
 from __future__ import annotations
 
 import contextlib
-import fcntl
+import ctypes
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from mprl.errors import UsageError
+from mprl.files import NotRegularFile, exists_as
 from mprl.host.config import parse_value
 from mprl.host.plugins import PluginManager
 from mprl.host.progress import say
 from mprl.tools.report import format_wall, read_run
 from mprl_builtin.sweep.results import is_done, objective_value, write_results
 from mprl_builtin.sweep.spec import SPEC_FILE, Spec, config_key, read_spec, toml_text, trial_inputs
+from mprl_builtin.sweep.sweepdir import (
+    check,
+    check_database,
+    held_by,
+    locked,
+    make_dir,
+    open_log,
+    remove_run_dir,
+    write,
+)
 
 INSTALL = 'pip install "mprl[sweep]"'
 STUDY = "mprl-sweep"
@@ -41,6 +51,14 @@ def _optuna() -> Any:
         raise UsageError(f"mprl sweep needs Optuna, which is not installed: {INSTALL}") from None
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     return optuna
+
+
+def _database_errors() -> tuple[type[BaseException], ...]:
+    """What opening a study raises for a database it cannot read (SQLAlchemy comes with
+    Optuna)."""
+    import sqlalchemy.exc
+
+    return (sqlalchemy.exc.SQLAlchemyError,)
 
 
 def default_parallel(spec: Spec, pm: PluginManager) -> int:
@@ -127,11 +145,19 @@ class Sweep:
             if self.spec.sampler == "random"
             else optuna.samplers.TPESampler(constant_liar=True)
         )
-        self.study = optuna.create_study(
-            storage=f"sqlite:///{self.root / 'optuna.db'}", study_name=STUDY,
-            direction=self.spec.direction, sampler=sampler, load_if_exists=True,
-        )  # fmt: skip
-        trials = self.study.get_trials(deepcopy=False)
+        database = check_database(self.root)
+        try:
+            self.study = optuna.create_study(
+                storage=f"sqlite:///{database}", study_name=STUDY,
+                direction=self.spec.direction, sampler=sampler, load_if_exists=True,
+            )  # fmt: skip
+            trials = self.study.get_trials(deepcopy=False)
+        except _database_errors() as exc:  # a SQLite file cut short or not Optuna's
+            cause = str(getattr(exc, "orig", None) or exc).splitlines()[0]
+            raise UsageError(
+                f"cannot open the sweep's Optuna study {str(database)!r}: {cause}; restore it, "
+                "or remove it to start the study anew"
+            ) from None
         if not trials:
             # a grid (seeds alone: its one point, {}) is asked in order, as enqueued
             for params in self.spec.grid_points() if not self.spec.is_search else []:
@@ -169,25 +195,42 @@ class Sweep:
         params = {name: trial.params[name] for name in self.spec.axes}
         config = _Config(trial, params, config_key(params), set(self.spec.seeds))
         config_toml, run_options = trial_inputs(self.spec, params, self.config_cls, self.known)
-        (self.root / "configs").mkdir(exist_ok=True)
-        (self.root / "configs" / f"{config.key}.toml").write_text(
-            toml_text(config_toml, run_options)
-        )
+        configs = make_dir(self.root, "configs")
+        write(configs / f"{config.key}.toml", toml_text(config_toml, run_options).encode())
         trial.set_user_attr("key", config.key)
         self.in_flight.append(config)
+        trials = make_dir(self.root, "trials")
         for seed in self.spec.seeds:
-            path = self.root / "trials" / f"{config.key}-seed{seed}"
+            path = trials / f"{config.key}-seed{seed}"
+            if any(r.path == path for r in (*self.pending, *self.running)):
+                raise RuntimeError(f"config {config.key} seed {seed} asked twice")  # a bug
+            if not self._wait_free(path):  # a signal came meanwhile: asked again on --resume
+                break
             if is_done(path):  # an earlier session ran it: its result stands
                 self._result(config, seed, path)
                 continue
-            if any(r.path == path for r in (*self.pending, *self.running)):
-                raise RuntimeError(f"config {config.key} seed {seed} asked twice")  # a bug
-            if path.exists():  # interrupted: run again from scratch
-                shutil.rmtree(path)
+            if os.path.lexists(path):  # interrupted: run again from scratch
+                remove_run_dir(self.root, path)
             self.pending.append(_Run(config, seed, path, self.root / "logs" / f"{path.name}.log"))
         if not config.left:
             self._tell(config)
         return config
+
+    def _wait_free(self, path: Path) -> bool:
+        """Wait while another process holds run directory ``path`` (a run of a sweep session
+        that was killed, still stopping): it is neither removed nor run again meanwhile. False
+        when a signal stopped the sweep first."""
+        holder = held_by(path)
+        if holder is None:
+            return True
+        say(f"mprl sweep: {str(path)!r} is in use by pid {holder} (a run left by an earlier "
+            "session of this sweep?); waiting for it to end (Ctrl-C stops the sweep)")  # fmt: skip
+        while self.signal is None:
+            time.sleep(POLL_S)
+            self._poll()
+            if held_by(path) is None:
+                return True
+        return False
 
     def _next_run(self) -> _Run | None:
         while not self.pending:
@@ -204,14 +247,16 @@ class Sweep:
         ]  # fmt: skip
 
     def _start(self, run: _Run) -> None:
-        run.path.parent.mkdir(parents=True, exist_ok=True)
-        run.log.parent.mkdir(parents=True, exist_ok=True)
-        with run.log.open("wb") as log:
+        make_dir(self.root, "trials")
+        make_dir(self.root, "logs")
+        with open_log(run.log) as log:
             # its own session: a Ctrl-C at the terminal reaches the sweep alone, which passes
-            # one SIGINT on to each run (two would force the run's fast exit)
+            # one SIGINT on to each run (two would force the run's fast exit); a SIGTERM when
+            # the sweep dies (SIGKILL, OOM): the run stops cleanly instead of going on unseen
             run.proc = subprocess.Popen(
                 self._command(run), stdin=subprocess.DEVNULL, stdout=log,
                 stderr=subprocess.STDOUT, start_new_session=True,
+                preexec_fn=_stop_with(os.getpid()),
             )  # fmt: skip
         run.started = time.monotonic()
         self.running.append(run)
@@ -279,23 +324,31 @@ class Sweep:
             for s, handler in old.items():
                 signal.signal(s, handler if handler is not None else signal.SIG_DFL)
 
+    def _poll(self) -> None:
+        """Take the result of each run that has ended."""
+        for run in list(self.running):
+            assert run.proc is not None
+            code = run.proc.poll()
+            if code is not None:
+                self._ended(run, code)
+
     def execute(self) -> int:
         """Run until every config is done or a signal stops it; the exit code."""
         with self._signals():
             while True:
                 while self.signal is None and len(self.running) < self.parallel:
-                    run = self._next_run()
-                    if run is None:
-                        break
-                    self._start(run)
+                    try:
+                        run = self._next_run()
+                        if run is None:
+                            break
+                        self._start(run)
+                    except UsageError as exc:  # a link planted meanwhile: stop what runs
+                        self.error = str(exc)
+                        self.stop(signal.SIGINT)
                 if not self.running:
                     break
                 time.sleep(POLL_S)
-                for run in list(self.running):
-                    assert run.proc is not None
-                    code = run.proc.poll()
-                    if code is not None:
-                        self._ended(run, code)
+                self._poll()
         optuna = _optuna()
         for config in list(self.in_flight):  # asked again when the sweep is resumed
             self.study.tell(config.trial, state=optuna.trial.TrialState.FAIL)
@@ -327,21 +380,20 @@ def _last_line(path: Path) -> str:
     return lines[-1].removeprefix("mprl: error: ") if lines else ""
 
 
-@contextlib.contextmanager
-def _locked(root: Path) -> Iterator[None]:
-    """Hold ``SWEEP_DIR/.lock`` while the sweep runs: a second session is refused."""
-    fd = os.open(root / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-            raise UsageError(f"sweep directory {str(root)!r} is in use by pid {holder}") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
-        yield
-    finally:
-        os.close(fd)
+def _stop_with(sweep: int) -> Callable[[], None] | None:
+    """What a run does first, before it is ``python -m mprl run``: ask the kernel for a SIGTERM
+    (a clean stop, as a Ctrl-C passed on) when the sweep ``sweep`` dies, however it dies
+    (``PR_SET_PDEATHSIG``; Linux only: elsewhere a resume waits for runs left going)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here: nothing to load after fork
+
+    def stop_with_the_sweep() -> None:
+        prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+        if os.getppid() != sweep:  # the sweep died before that: stop now
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return stop_with_the_sweep
 
 
 def _prepare_dir(root: Path, spec: Spec | None) -> Spec:
@@ -349,7 +401,7 @@ def _prepare_dir(root: Path, spec: Spec | None) -> Spec:
     for ``--resume`` (``spec`` None); a directory holding another sweep is refused."""
     if spec is None:
         return read_spec(root)
-    if (root / SPEC_FILE).is_file():
+    if os.path.lexists(root / SPEC_FILE):
         stored = read_spec(root)
         if stored.identity() != spec.identity():
             differs = [k for k, v in spec.identity().items() if stored.identity().get(k) != v]
@@ -362,9 +414,34 @@ def _prepare_dir(root: Path, spec: Spec | None) -> Spec:
         raise UsageError(
             f"--sweep-dir {str(root)!r} exists and is not a sweep directory; give another"
         )
-    root.mkdir(parents=True, exist_ok=True)
-    (root / SPEC_FILE).write_text(json.dumps(spec.to_dict(), indent=2) + "\n")
+    _write_spec(root, spec)
     return spec
+
+
+def _write_spec(root: Path, spec: Spec) -> None:
+    write(root / SPEC_FILE, (json.dumps(spec.to_dict(), indent=2) + "\n").encode())
+
+
+def _sweep_dir(root: Path, new: bool) -> None:
+    """Check that ``root`` is a directory (a link to one the user named is theirs), making it
+    for a new sweep; one line naming what is there instead, or why it cannot be made.
+
+    :raises UsageError: it is not a directory (a file, a dangling link) or cannot be made.
+    """
+    try:
+        if root.is_dir():
+            return
+        if os.path.lexists(root):
+            exists_as(root, directory=True)  # raises, saying what it is
+        if not new:
+            raise UsageError(f"--resume {str(root)!r}: not a sweep directory (no {SPEC_FILE})")
+        root.mkdir(parents=True)
+    except NotRegularFile as exc:
+        raise UsageError(f"--sweep-dir {exc.strerror}; give another") from None
+    except OSError as exc:
+        raise UsageError(
+            f"cannot create sweep directory {str(root)!r}: {exc.strerror}; give another --sweep-dir"
+        ) from None
 
 
 def run_sweep(
@@ -388,22 +465,22 @@ def run_sweep(
         env = str(spec.run.get("env", "default")).replace("/", "_").replace(":", "_")
         sweep_dir = Path("sweeps") / f"{spec.plugin}-{env}-{time.strftime('%Y%m%d-%H%M%S')}"
     root = Path(sweep_dir)
-    if spec is None and not (root / SPEC_FILE).is_file():
+    _sweep_dir(root, new=spec is not None)
+    if spec is None and not os.path.lexists(root / SPEC_FILE):
         raise UsageError(f"--resume {str(root)!r}: not a sweep directory (no {SPEC_FILE})")
-    if spec is not None and not (root / SPEC_FILE).is_file():
-        root.mkdir(parents=True, exist_ok=True)
-    with _locked(root):
+    with locked(root):
+        check(root)  # a link planted in it (or a FIFO...): refused before anything starts
         spec = _prepare_dir(root, spec)
         if trials is not None:
             if not spec.is_search:
                 raise UsageError("--trials is the number of configs a --search tries")
             spec.trials = trials
-            (root / SPEC_FILE).write_text(json.dumps(spec.to_dict(), indent=2) + "\n")
+            _write_spec(root, spec)
         if parallel is not None and parallel < 1:
             raise UsageError(f"--parallel {parallel}: give 1 or more")
         if parallel is not None and parallel != spec.parallel:  # kept for --resume
             spec.parallel = parallel
-            (root / SPEC_FILE).write_text(json.dumps(spec.to_dict(), indent=2) + "\n")
+            _write_spec(root, spec)
         k = spec.parallel or default_parallel(spec, pm)
         sweep = Sweep(root, spec, k, pm)
         resumed = sweep.open_study()

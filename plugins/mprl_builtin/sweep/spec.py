@@ -15,8 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from mprl.errors import UsageError
+from mprl.files import NotRegularFile
 from mprl.host.config import build, coerce, fields_of, parse_value
 from mprl.host.plugins import PluginManager
+from mprl_builtin.sweep.sweepdir import read_text, refusal
 
 SPEC_FILE = "sweep.json"
 #: objective name -> (Optuna direction, what it is)
@@ -370,10 +372,12 @@ def toml_text(config: Mapping[str, Any], run: Mapping[str, Any]) -> str:
 
 
 def read_spec(root: Path) -> Spec:
-    """The :class:`Spec` of sweep directory ``root``."""
+    """The :class:`Spec` of sweep directory ``root`` (a link at ``sweep.json`` is refused)."""
     try:
-        return Spec.from_dict(json.loads((root / SPEC_FILE).read_text(encoding="utf-8")))
+        return Spec.from_dict(json.loads(read_text(root / SPEC_FILE)))
     except FileNotFoundError:
         raise UsageError(f"{str(root)!r} is not a sweep directory (no {SPEC_FILE})") from None
+    except NotRegularFile as exc:
+        raise refusal(root, exc) from None
     except (OSError, ValueError, TypeError) as exc:
         raise UsageError(f"cannot read {str(root / SPEC_FILE)!r}: {exc}") from None
