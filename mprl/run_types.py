@@ -263,6 +263,8 @@ class Summary:
     #: the last evaluation (``--eval-every``): ``step``, ``wall``, ``eval_return_mean``,
     #: ``eval_return_std``, ``eval_length_mean``, ``episodes``; ``None`` when none was played
     last_eval: Mapping[str, Any] | None = None
+    #: checkpoint writes that failed in this session (a full disk, ``checkpoints/`` removed)
+    checkpoint_failures: int = 0
 
     @property
     def exit_code(self) -> int:

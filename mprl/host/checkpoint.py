@@ -13,6 +13,7 @@ import errno
 import pickle
 import random
 import time
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -155,6 +156,36 @@ def _check_fields(
             )
 
 
+#: how a file ``torch.save`` writes begins (a zip archive), and how a pickle of protocol 2 to 5
+#: does (``pickle.dump``, ``torch.save(..., _use_new_zipfile_serialization=False)``)
+ZIP_MAGIC = b"PK\x03\x04"
+PICKLE_MAGIC = tuple(bytes([0x80, protocol]) for protocol in range(2, 6))
+
+
+def _check_kind(file: Path) -> None:
+    """Refuse a plain pickle before torch reads it: it is no checkpoint mprl writes (a zip
+    archive), and torch would only say how to load it unsafely."""
+    try:
+        with open(file, "rb") as f:
+            head = f.read(4)
+    except OSError:
+        return  # torch.load says why
+    if not head.startswith(ZIP_MAGIC) and head.startswith(PICKLE_MAGIC):
+        raise UsageError(
+            f"checkpoint {str(file)!r} is not an mprl checkpoint: it is a plain Python pickle "
+            "(pickle.dump, or torch.save's legacy format), not the zip archive of an mprl "
+            "checkpoint, and mprl does not read one"
+        )
+
+
+def _refusal(text: str) -> str:
+    """What torch's safe loader (``weights_only=True``) found in a file it refused: the line
+    after ``WeightsUnpickler error:`` (``Unsupported operand 149``), without torch's advice."""
+    _, found, rest = text.partition("WeightsUnpickler error:")
+    lines = [line.strip() for line in rest.splitlines() if line.strip()] if found else []
+    return lines[0] if lines and "weights_only" not in lines[0] else ""
+
+
 def load(path: str | Path) -> tuple[Path, dict[str, Any]]:
     """Read and check a checkpoint; every problem is a :class:`UsageError` naming the file."""
     try:
@@ -168,8 +199,11 @@ def load(path: str | Path) -> tuple[Path, dict[str, Any]]:
             f"no checkpoint at {str(file)!r} (from the {where} {str(path)!r}); give a run "
             "directory written by `python -m mprl run`, or a checkpoint file"
         )
+    _check_kind(file)
     try:
-        data = torch.load(file, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # torch's about the file's pickle protocol, and such
+            warnings.simplefilter("ignore")
+            data = torch.load(file, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch.load raises many kinds on damaged input
         # unreadable, not damaged; but EINVAL: torch's zip reader seeking past a cut file's end
         if isinstance(exc, OSError) and exc.errno not in (None, errno.EINVAL):
@@ -179,6 +213,13 @@ def load(path: str | Path) -> tuple[Path, dict[str, Any]]:
             raise UsageError(
                 f"checkpoint {str(file)!r} is not an mprl checkpoint: it holds Python objects "
                 "(code), not just tensors and plain data, and mprl never loads those"
+            ) from None
+        if "weights_only" in text:  # torch's safe loader refused it: never its advice
+            detail = _refusal(text)
+            raise UsageError(
+                f"checkpoint {str(file)!r} is not an mprl checkpoint: torch's safe loader cannot "
+                f"read it{f' ({detail})' if detail else ''}, and mprl reads checkpoints only "
+                "with that one"
             ) from None
         first = text.splitlines()[0] if text else type(exc).__name__
         raise UsageError(

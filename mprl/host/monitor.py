@@ -3,13 +3,16 @@ progress display, periodic checkpoints, and the decision to stop."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import math
+import os
 import signal
+import stat
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from mprl import kinds
 from mprl.backends.base import Job
@@ -18,7 +21,7 @@ from mprl.host.config import as_dict
 from mprl.host.plugins import PluginManager
 from mprl.host.policy_check import CHECK_EPISODES, Evaluation, PolicyCheck
 from mprl.host.progress import Progress
-from mprl.host.rundir import RunDir
+from mprl.host.rundir import RunDir, WriteCut
 from mprl.host.stats import RunStats
 from mprl.run_types import RunInfo
 from mprl.schema import SharedState
@@ -88,6 +91,36 @@ def finite(x: float) -> float | None:
 
 #: the stop reason of a run whose metrics cannot be written (:attr:`RunMonitor.fault`)
 FAULT_STOP = "metrics could not be written"
+#: the stop reason of a run whose run directory was removed (or moved) while it went on
+GONE_STOP = "run directory gone"
+#: how often the run looks whether its run directory is still there
+LOOK_EVERY_S = 1.0
+#: why a checkpoint was not written when a Ctrl-C more asked to exit without it
+CUT = "cut short by Ctrl-C"
+
+
+class Interrupts(Protocol):
+    """What the monitor asks of the run's signal handling (:class:`mprl.host.runner._Signals`):
+    ``saving()`` is entered while a checkpoint is saved (a Ctrl-C then waits for it), ``cut`` is
+    true once a Ctrl-C more asked to exit without it."""
+
+    cut: bool
+
+    def saving(self) -> contextlib.AbstractContextManager[None]: ...
+
+
+class _NoInterrupts:
+    cut = False
+
+    @contextlib.contextmanager
+    def saving(self) -> Iterator[None]:
+        yield
+
+
+def _said_again(failures: int) -> bool:
+    """Whether a checkpoint that keeps failing is said again at its ``failures``-th failure in a
+    row: the 3rd, 10th, 30th, 100th ... (the first is said in full)."""
+    return failures >= 3 and str(failures).rstrip("0") in ("1", "3")
 
 
 def write_error(exc: BaseException) -> OSError | None:
@@ -131,6 +164,7 @@ class RunMonitor:
         stats: RunStats,
         check: PolicyCheck,
         evaluation: Evaluation | None = None,
+        interrupts: Interrupts | None = None,
     ) -> None:
         self.info, self.job, self.rundir, self.pm = info, job, rundir, pm
         self.progress, self.stop_signal, self.stats, self.check = (
@@ -149,9 +183,21 @@ class RunMonitor:
         #: why the run must stop and fail though no process failed: the metrics cannot be
         #: written (a full disk); :data:`FAULT_STOP` is its stop reason
         self.fault: str | None = None
-        #: why the last checkpoint write failed, while no later one succeeded
+        #: the stop reason of :attr:`fault`: :data:`FAULT_STOP` or :data:`GONE_STOP`
+        self.fault_stop = FAULT_STOP
+        #: why the run directory can take nothing more (removed or moved while the run went
+        #: on); also the :attr:`fault`
+        self.gone: str | None = None
+        self._dir = _identity(rundir.path)
+        self._looked = time.monotonic()
+        #: why the last checkpoint write failed, while no later one succeeded (:data:`CUT`:
+        #: a Ctrl-C more asked to exit without it)
         self.checkpoint_error: str | None = None
+        #: checkpoint writes that failed in this session, and in a row (since the last written)
+        self.checkpoint_failures = 0
+        self._failing = 0
         self._failure_shown: str | None = None  # the message of that failure, shown once
+        self.interrupts: Interrupts = interrupts if interrupts is not None else _NoInterrupts()
         self._bad_fields: set[str] = set()  # fields of children's records already warned of
         #: the evaluation episodes (--eval-every): "solved" is judged on them while they play
         self.evaluation = evaluation
@@ -227,6 +273,9 @@ class RunMonitor:
             # no checkpoint, evaluation or budget yet, only a signal that asks to stop
             return None if received is None else signal.Signals(received).name
         now = time.monotonic()
+        if now - self._looked >= LOOK_EVERY_S:
+            self._looked = now
+            self.look()
         if now - self._last_main_record >= METRICS_EVERY_S:
             self._last_main_record = now
             self._emit([self._main_record()])
@@ -236,7 +285,7 @@ class RunMonitor:
         if received is not None:
             return signal.Signals(received).name
         if self.fault is not None:
-            return FAULT_STOP
+            return self.fault_stop
         self._evaluate()
         if self._solved():
             if not self._solved_logged:  # when, and at which mean: the summary's mean is the
@@ -343,8 +392,18 @@ class RunMonitor:
 
         A failed write (disk full, directory gone) is reported and the run goes on with the
         previous checkpoint kept; it is not a reason to lose the run. ``torch.save`` turns a
-        failed write into a ``RuntimeError``: caught too, and reported by its cause.
+        failed write into a ``RuntimeError``: caught too, and reported by its cause. The same
+        failure again is said only now and then, counted (:attr:`checkpoint_failures`).
+        Nothing is written once the run directory is gone, or once a Ctrl-C more asked to
+        exit without the checkpoint (the write under way is then cut short, the previous
+        checkpoint kept).
         """
+        if self.gone is not None or self.interrupts.cut:
+            return None
+        with self.interrupts.saving():  # a Ctrl-C now waits for it (one more cuts it short)
+            return self._checkpoint()
+
+    def _checkpoint(self) -> Path | None:
         start = self._last_checkpoint = time.monotonic()
         shared = dict(self.job.state_snapshot)  # the state is not built yet: keep what was
         if self.state is not None:
@@ -358,6 +417,7 @@ class RunMonitor:
         # is no older than the weights version the shared state just read
         self.refresh()
         info, job, stats = self.info, self.job, self.stats
+        interrupts = self.interrupts
         try:
             path = self.rundir.save_checkpoint(
                 checkpoint.payload(
@@ -374,30 +434,64 @@ class RunMonitor:
                     steps=list(stats.per_worker) or [0] * (info.run.workers + 2),
                     stats=stats.state(),
                     shared_state=shared,
-                )
+                ),
+                cut=lambda: interrupts.cut,
             )
+        except WriteCut:  # the run's last lines say it
+            self.checkpoint_error = CUT
+            message = f"checkpoint not written ({CUT}); {self._after_failure()}"
+            self.on_event({"event": "checkpoint-cut", "message": message}, show=False)
+            return None
         except (OSError, RuntimeError) as exc:
-            why, where = describe_write_error(exc), self.rundir.checkpoints
-            if not where.is_dir():  # removed (or replaced) while the run goes on
-                what = "is not a directory" if where.exists() else "was removed"
-                why = f"{where} {what}: {why}"
-            self.checkpoint_error = why
-            kept = self.kept()
-            if kept is None:
-                after = "there is no earlier one: the run cannot be resumed unless one is written"
-            else:
-                held = "" if kept["env_steps"] is None else f", {kept['env_steps']:,} env steps"
-                after = f"the previous one ({kept['path']}{held}) is kept"
-            message = f"checkpoint not written ({why}); {after}"
-            shown, self._failure_shown = self._failure_shown, message  # said once, logged always
-            self.on_event({"event": "checkpoint-failed", "message": message}, message != shown)
+            self._failed(exc)
             return None
         self.saved_steps = stats.env_steps
         self.checkpoint_error = self._failure_shown = None
+        self._failing = 0
         record = {"source": "main", "event": "checkpoint", "step": stats.env_steps}
         record.update(wall=round(stats.wall_s, 4), path=str(path))
         self._emit([{**record, "seconds": round(time.monotonic() - start, 4)}])
         return path
+
+    def _failed(self, exc: BaseException) -> None:
+        """A checkpoint write that failed: said with its cause and what is kept the first time,
+        and again at the 3rd, 10th, 30th ... failure in a row (counted); logged every time. One
+        that failed because the run directory is gone says nothing: the run stops on it."""
+        if self.look():
+            return
+        why, where = describe_write_error(exc), self.rundir.checkpoints
+        if not where.is_dir():  # removed (or replaced) while the run goes on
+            what = "is not a directory" if where.exists() else "was removed"
+            why = f"{where} {what}: {why}"
+        self.checkpoint_error = why
+        self.checkpoint_failures += 1
+        self._failing += 1
+        message = f"checkpoint not written ({why}); {self._after_failure()}"
+        shown, self._failure_shown = self._failure_shown, message
+        show = message != shown or _said_again(self._failing)
+        if message == shown:
+            message = f"checkpoint still failing ({self._failing} times): {why}"
+        record = {"event": "checkpoint-failed", "message": message, "failures": self._failing}
+        self.on_event(record, show)
+
+    def _after_failure(self) -> str:
+        kept = self.kept()
+        if kept is None:
+            return "there is no earlier one: the run cannot be resumed unless one is written"
+        held = "" if kept["env_steps"] is None else f", {kept['env_steps']:,} env steps"
+        return f"the previous one ({kept['path']}{held}) is kept"
+
+    def look(self) -> bool:
+        """Whether the run directory is gone (removed, or moved, while the run went on: its
+        path leads nowhere, or to another directory); the first time it is found gone, the
+        run stops on it (:attr:`gone`, :attr:`fault`): nothing more can be written there."""
+        if self.gone is None and self._dir is not None and _identity(self.rundir.path) != self._dir:
+            self.gone = (
+                f"the run directory {self.rundir.path} is gone (removed or moved while the run "
+                "went on)"
+            )
+            self.fault, self.fault_stop = self.gone, GONE_STOP
+        return self.gone is not None
 
     def kept(self) -> dict[str, Any] | None:
         """The checkpoint this run can be resumed from: its ``path`` and the ``env_steps`` it
@@ -420,3 +514,12 @@ class RunMonitor:
             "episodes": s.episodes,
             "mean_return_100": finite(s.mean_return_100),
         }
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    """The device and inode of directory ``path``; ``None`` when there is none there."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino) if stat.S_ISDIR(st.st_mode) else None

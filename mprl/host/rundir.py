@@ -33,23 +33,82 @@ def _umask() -> int:
 _UMASK = _umask()  # read once: os.umask can only be read by setting it
 
 
-def atomic_write(path: Path, write: Any) -> None:
+#: the most a write of :func:`atomic_write` hands the file system at once: a cut (``cut``) is
+#: seen between two of them, so a write of gigabytes stops within one
+CHUNK = 4 << 20
+
+
+class WriteCut(Exception):
+    """An :func:`atomic_write` cut short on purpose (its ``cut`` said so): nothing was replaced."""
+
+
+class _Chunked:
+    """The file :func:`atomic_write` hands its writer: each write goes to the file system in
+    chunks of :data:`CHUNK` bytes, and stops (:class:`WriteCut`) between two of them once
+    ``cut()`` is true."""
+
+    def __init__(self, f: Any, cut: Any) -> None:
+        self.f, self.cut, self.was_cut = f, cut, False
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        for start in range(0, len(view), CHUNK):
+            if self.cut():
+                self.was_cut = True
+                raise WriteCut
+            self.f.write(view[start : start + CHUNK])
+        return len(view)
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+def atomic_write(path: Path, write: Any, cut: Any = None) -> None:
     """Write through a temp file in the same directory, fsync, then ``os.replace``.
 
-    A reader (or a crash mid-write) sees the old file or the new one, never half of one.
+    A reader (or a crash mid-write) sees the old file or the new one, never half of one. The old
+    file is left as it is until the new one is whole: a write that fails, or is cut short, leaves
+    it. ``cut``: a function asked between chunks of the write, and before the replace; once it
+    returns true the write stops with :class:`WriteCut` (the temp file removed, the old file
+    kept). An OSError that names the temp file names ``path`` instead: its name is random, and
+    the same failure says the same words each time.
     """
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as exc:  # no directory, a read-only one, a full disk
+        _name_target(exc, "", path)
+        raise
+    chunked = None
     try:
         os.fchmod(fd, 0o666 & ~_UMASK)  # as open() would make it: every file of a run alike
         with os.fdopen(fd, "wb") as f:
-            write(f)
+            if cut is not None:
+                chunked = _Chunked(f, cut)
+            write(f if chunked is None else chunked)
             f.flush()
             os.fsync(f.fileno())
+        if cut is not None and cut():
+            raise WriteCut
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
+        if chunked is not None and chunked.was_cut and not isinstance(exc, WriteCut):
+            raise WriteCut from None  # (torch.save says "unexpected pos" for it)
+        _name_target(exc, tmp, path)
         raise
+
+
+def _name_target(exc: BaseException, tmp: str, path: Path) -> None:
+    """``exc`` (or the OSError behind it, as torch.save raises it) naming ``path``, not the
+    temp file ``tmp``, or one like it (:func:`tempfile.mkstemp` tries several names)."""
+    while exc is not None:
+        if isinstance(exc, OSError) and exc.filename is not None:
+            name = os.path.basename(os.fsdecode(exc.filename))
+            if exc.filename == tmp or (name.startswith(f".{path.name}.") and name.endswith(".tmp")):
+                exc.filename = str(path)
+            return
+        exc = exc.__context__  # type: ignore[assignment]
 
 
 def _json_bytes(data: Mapping[str, Any]) -> bytes:
@@ -297,9 +356,13 @@ class RunDir:
         self._metrics.flush()
         self._csv_file.flush()
 
-    def save_checkpoint(self, payload: Mapping[str, Any], name: str = "last.pt") -> Path:
+    def save_checkpoint(
+        self, payload: Mapping[str, Any], name: str = "last.pt", cut: Any = None
+    ) -> Path:
+        """Write ``payload`` to ``checkpoints/NAME`` atomically; ``cut``: as
+        :func:`atomic_write` takes it (a Ctrl-C that asks to exit without the checkpoint)."""
         target = self.checkpoints / name
-        atomic_write(target, lambda f: torch.save(dict(payload), f))
+        atomic_write(target, lambda f: torch.save(dict(payload), f), cut)
         return target
 
     def discard(self) -> None:

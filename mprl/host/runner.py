@@ -23,7 +23,7 @@ from mprl.host import checkpoint
 from mprl.host.config import as_dict
 from mprl.host.envs import make_env
 from mprl.host.job import Prepared, prepare_job
-from mprl.host.monitor import RunMonitor, describe_write_error, finite
+from mprl.host.monitor import CUT, RunMonitor, describe_write_error, finite
 from mprl.host.plugins import PluginManager, get_plugin_manager
 from mprl.host.policy_check import CHECK_EPISODES, Evaluation, PolicyCheck
 from mprl.host.progress import Progress, check_mode, say
@@ -33,26 +33,54 @@ from mprl.run_types import RunInfo, Summary
 from mprl.timeline import mark
 from mprl.version import __version__
 
+#: what a Ctrl-C after the first says while a checkpoint is being saved
+WAITING = "mprl: saving the checkpoint; Ctrl-C again to exit without it"
+
 
 class _Signals:
     """First SIGINT / SIGTERM / SIGHUP asks for a clean stop; a second SIGINT forces a fast exit.
 
     SIGHUP (the terminal was closed, an ssh session ended) is a stop like SIGTERM, exit 129;
     under ``nohup`` (SIGHUP ignored when the run starts) it stays ignored, as asked.
+
+    While a checkpoint is being saved (:meth:`saving`), a SIGINT after the first says that the
+    run waits for it (:data:`WAITING`); one more asks to exit without it (:attr:`cut`): the
+    write stops at its next chunk, and the previous checkpoint is kept.
     """
 
     def __init__(self) -> None:
         self.received: int | None = None
         self.forced = False
+        #: a Ctrl-C more, during a checkpoint's save, asked to exit without it
+        self.cut = False
+        self._saving = False
+        self._answered = False  # a Ctrl-C during this save was told it waits
 
     def handle(self, signum: int, frame: Any) -> None:
         if self.received is not None and signum == signal.SIGINT:
+            if self._saving:  # nothing is raised into a checkpoint's save
+                if not self._answered:
+                    self._answered = True
+                    with contextlib.suppress(RuntimeError):  # (stderr was being written)
+                        say(WAITING)
+                else:
+                    self.cut = True
+                return
             if not self.forced:  # once: the forced exit's own cleanup must not be interrupted
                 self.forced = True
                 raise KeyboardInterrupt
             return
         if self.received is None:
             self.received = signum
+
+    @contextmanager
+    def saving(self) -> Iterator[None]:
+        """A checkpoint is being saved: a Ctrl-C waits for it (one more cuts it short)."""
+        self._saving, self._answered = True, False
+        try:
+            yield
+        finally:
+            self._saving = self._answered = False
 
     @contextmanager
     def installed(self) -> Iterator[_Signals]:
@@ -241,8 +269,9 @@ def _monitor(
         )  # fmt: skip
     job = attrs.evolve(job, run_dir=rundir.path)
     return RunMonitor(
-        info, job, rundir, pm, display, lambda: signals.received, stats, check, evaluation
-    )
+        info, job, rundir, pm, display, lambda: signals.received, stats, check, evaluation,
+        interrupts=signals,
+    )  # fmt: skip
 
 
 def _execute(
@@ -349,6 +378,7 @@ def _summary(
         checkpoint=monitor.kept(),
         solved_on=_solved_on(stats.solved_at, monitor.solved_on),
         last_eval=stats.last_eval,
+        checkpoint_failures=monitor.checkpoint_failures,
     )
 
 
@@ -363,10 +393,12 @@ def _say_end(
     """The last lines of a run that did not simply finish; raise :class:`RunFailed` where it
     failed (a child's crash first, then the main process's own fault)."""
     kept, steps = summary.checkpoint, monitor.stats.env_steps
+    cut = monitor.checkpoint_error == CUT
     if signals.forced:
         saved = None if kept is None else kept["env_steps"]
         say(
             "mprl: forced exit (second Ctrl-C): the children were killed; "
+            + (f"its checkpoint was {CUT}; " if cut else "")
             + (
                 "no checkpoint was written, so this run cannot be resumed"
                 if kept is None
@@ -374,7 +406,7 @@ def _say_end(
             )
         )
     elif monitor.checkpoint_error is not None and monitor.fault is None:  # the final one failed
-        say(f"mprl: {_checkpoint_line(kept, steps, rundir)}")
+        say(f"mprl: {_checkpoint_line(kept, steps, rundir, cut=cut)}")
     failed = summary.status == "failed"
     if outcome.failures:  # reported, also when the user stopped the run
         for f in outcome.failures:
@@ -384,13 +416,21 @@ def _say_end(
         first = outcome.failures[0]
         if failed:
             raise RunFailed(f"{first.who} {first.reason}; run directory: {rundir.path}", summary)
+    elif monitor.gone is not None:  # nothing of the run's end could be written there
+        line = (
+            f"{monitor.gone}: the run stopped after {steps:,} env step{'s' * (steps != 1)}, "
+            "and nothing more could be saved there (no final checkpoint, no summary.json)"
+        )
+        if failed:
+            raise RunFailed(line, summary)
+        say(f"mprl: {line}")
     elif monitor.fault is not None and not failed:
         say(f"mprl: {monitor.fault}")
     elif monitor.fault is not None:
         after = (
             f"the run was stopped after its final checkpoint ({steps:,} env steps)"
             if monitor.checkpoint_error is None
-            else _checkpoint_line(kept, steps, rundir, either=True)
+            else _checkpoint_line(kept, steps, rundir, either=True, cut=cut)
         )
         after += f"; {unwritten}" if unwritten else ""
         raise RunFailed(f"{monitor.fault}: {after}; run directory: {rundir.path}", summary)
@@ -405,19 +445,27 @@ def _solved_on(solved_at: Mapping[str, Any] | None, rule: str) -> str:
 
 
 def _checkpoint_line(
-    kept: Mapping[str, Any] | None, env_steps: int, rundir: RunDir, either: bool = False
+    kept: Mapping[str, Any] | None,
+    env_steps: int,
+    rundir: RunDir,
+    either: bool = False,
+    cut: bool = False,
 ) -> str:
-    """What the run's end left to resume from, when its final checkpoint was not written."""
+    """What the run's end left to resume from, when its final checkpoint was not written
+    (``cut``: a Ctrl-C more asked to exit without it)."""
+    not_written = f"the final checkpoint was not written{' either' * either}"
+    if cut:
+        not_written += f" ({CUT})"
     if kept is None:
-        return "the run ended with no checkpoint, so it cannot be resumed"
+        ended = "the run ended with no checkpoint, so it cannot be resumed"
+        return f"{not_written}: {ended}" if cut else ended
     held = (
         ""
         if kept["env_steps"] is None
         else f" holds {kept['env_steps']:,} of {env_steps:,} env steps"
     )
     return (
-        f"the final checkpoint was not written{' either' * either}; the last one "
-        f"({kept['path']}){held}: "
+        f"{not_written}; the last one ({kept['path']}){held}: "
         f"--resume {rundir.path} continues from it"
     )
 

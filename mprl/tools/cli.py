@@ -334,9 +334,12 @@ def _final_line(s: Summary) -> str:
         else:
             judged = f"mean return(100) {at['mean_return_100']:.1f}"
         verdict = f"solved after {at['wall_s']:.1f} s, {at['env_steps']:,} env steps: {judged}"
+    failed = s.checkpoint_failures
     return (
         f"mprl: {s.status} ({verdict}) after {s.wall_s:.1f} s: {s.env_steps:,} env steps, "
-        f"{s.episodes:,} episodes, mean return(100) {mean}; run directory: {s.run_dir}"
+        f"{s.episodes:,} episodes, mean return(100) {mean}"
+        + (f"; {failed:,} checkpoint write{'s' * (failed > 1)} failed" if failed else "")
+        + f"; run directory: {s.run_dir}"
     )
 
 
@@ -392,13 +395,26 @@ def _cmd_plugins(args: argparse.Namespace, pm: PluginManager) -> int:
     return 0
 
 
-def _cmd_plot(args: argparse.Namespace) -> int:
-    from mprl.tools.report import plot_runs
+def _skipped(lines: Sequence[str]) -> None:
+    """One line on stderr per file of a run directory that ``runs`` or ``plot`` left out."""
+    from mprl.tools.report import shown
 
-    out = plot_runs(
-        args.run_dirs, args.out, labels=args.labels, window=args.window, metrics=args.metrics
-    )
-    print(f"mprl: wrote {out}")
+    for line in lines:
+        say(f"mprl: skipped {shown(line)}")
+
+
+def _cmd_plot(args: argparse.Namespace) -> int:
+    from mprl.tools.report import plot_runs, shown
+
+    skipped: list[str] = []
+    try:
+        out = plot_runs(
+            args.run_dirs, args.out, labels=args.labels, window=args.window,
+            metrics=args.metrics, skipped=skipped,
+        )  # fmt: skip
+    finally:
+        _skipped(skipped)
+    print(f"mprl: wrote {shown(out)}")
     return 0
 
 
@@ -410,23 +426,31 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         video_dir=args.video, out=args.out, env=args.env,
         plugins=get_plugin_manager(blocked=_blocked(args.plugin_options)),
     )  # fmt: skip
+    from mprl.tools.report import shown  # what the checkpoint named (its env), escaped
+
     how = "deterministic" if r["deterministic"] else "sampled actions"
     print(
-        f"{r['algorithm']} on {r['env']}, {r['episodes']} episodes ({how}): "
-        f"return {r['mean_return']:.1f} ± {r['std_return']:.1f}, "
-        f"length {r['mean_length']:.1f} ± {r['std_length']:.1f}; written to {r['written_to']}"
-        + (f"; videos in {r['video_dir']}" if r["video_dir"] else "")
+        shown(
+            f"{r['algorithm']} on {r['env']}, {r['episodes']} episodes ({how}): "
+            f"return {r['mean_return']:.1f} ± {r['std_return']:.1f}, "
+            f"length {r['mean_length']:.1f} ± {r['std_length']:.1f}; "
+            f"written to {r['written_to']}"
+            + (f"; videos in {r['video_dir']}" if r["video_dir"] else "")
+        )
     )
     if r.get("agents"):  # a multi-agent env: the return above is the team's (agents' mean)
         each = ", ".join(f"{a} {v['mean_return']:.1f}" for a, v in r["agents"].items())
-        print(f"    per agent: {each}")
+        print(f"    per agent: {shown(each)}")
     return 0
 
 
 def _cmd_runs(args: argparse.Namespace) -> int:
     from mprl.tools.report import format_runs, list_runs
 
-    print(format_runs(list_runs(args.directory), args.directory))
+    skipped: list[str] = []
+    rows = list_runs(args.directory, skipped)
+    _skipped(skipped)
+    print(format_runs(rows, args.directory))
     return 0
 
 
@@ -501,7 +525,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = args.plugin_command.run(args, pm)
         return 0 if code is None else int(code)
     except UsageError as exc:
-        print(f"mprl: error: {exc}", file=sys.stderr)
+        text = str(exc)
+        if argv[:1] in (["plot"], ["runs"], ["eval"]):  # may hold what a file says: escaped
+            from mprl.tools.report import shown
+
+            text = shown(text)
+        print(f"mprl: error: {text}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("mprl: interrupted", file=sys.stderr)

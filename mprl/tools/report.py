@@ -6,7 +6,6 @@ matplotlib is needed for plots only (``pip install "mprl[plot]"``); listing runs
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import json
 import math
@@ -26,6 +25,51 @@ if TYPE_CHECKING:
 RUNNING_WITHIN_S = 60.0  # no summary.json and metrics written this recently: "running?"
 MAX_DEPTH = 3  # how deep `list_runs` looks for run directories
 MISSING = "-"
+MAX_CELL = 60  # characters of a value read from a file that `mprl runs` shows
+#: the most episodes one summed-up record of ``metrics.jsonl`` may stand for (a worker's
+#: episodes of one second): a record that says more is not read
+MAX_EPISODE_COUNT = 1_000_000
+
+
+def shown(value: Any) -> str:
+    """``value`` as text that is safe to print on a terminal: each control character (an
+    escape sequence's ESC, a newline, a bidi override) and each undecodable byte of a file name
+    is shown as Python writes it in a string (``\\x1b``, ``\\n``, ``\\u202e``, ``\\udcff``)."""
+    text = str(value)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+#: what the values of a run's ``config.json`` and ``summary.json`` that `runs` and `plot` read
+#: must be, in JSON's words, when they are there: a file with one of another kind is not read
+CONFIG_FIELDS = {"plugin": "string", "run": "object", "reward_threshold": "number or null"}
+RUN_FIELDS = {"env": "string"}  # of config.json's "run"
+SUMMARY_FIELDS = {
+    "status": "string", "plugin": "string", "env": "string", "env_steps": "integer or null",
+    "episodes": "integer or null", "wall_s": "number or null", "best_return": "number or null",
+    "solved": "boolean or null",
+}  # fmt: skip
+
+
+def _kind(value: Any) -> str:
+    """The kind of a JSON value in JSON's words (``NaN`` and ``Infinity`` named as such)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value).replace("nan", "NaN").replace("inf", "Infinity")
+    if isinstance(value, int):
+        return "integer"
+    kinds = {float: "number", str: "string", list: "array", dict: "object"}
+    return kinds.get(type(value), type(value).__name__)
+
+
+def _fits(value: Any, wanted: str) -> bool:
+    """Whether ``value`` is of the kinds ``wanted`` names (an integer is a number too)."""
+    kind = _kind(value)
+    return kind in wanted.split(" or ") or (kind == "integer" and "number" in wanted)
 
 
 @dataclass
@@ -49,6 +93,9 @@ class Run:
     series: dict[str, list[tuple[int, float, float]]] = field(default_factory=dict)
     last_step: int | None = None  # the last "step" of any metrics record
     last_wall: float | None = None  # the last "wall" of any metrics record
+    #: what of the run directory could not be read and was left out, one line per file
+    #: (``'runs/x/config.json' (nested too deeply)``); a missing file is not in it
+    skipped: list[str] = field(default_factory=list)
 
     @property
     def env(self) -> str | None:
@@ -73,24 +120,52 @@ class Run:
         return float(value) if isinstance(value, int | float) else None
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
-    """A JSON object from ``path``; ``None`` when it is missing. Unreadable is a UsageError."""
+class _Unreadable(Exception):
+    """Why a file of a run directory cannot be read (its text: ``nested too deeply``)."""
+
+
+def _read_json(path: Path, fields: dict[str, str] | None = None) -> Any:
+    """The JSON object of ``path``, its ``fields`` (those present) of the types given, and their
+    ``run`` object's :data:`RUN_FIELDS`, of the kinds named there; ``None`` when the file is
+    missing.
+
+    :raises _Unreadable: it cannot be read, is no JSON object, or a field has another type.
+    """
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         return None
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"cannot read {str(path)!r}: {exc}") from None
+    except UnicodeDecodeError:
+        raise _Unreadable("not UTF-8 text") from None
+    except OSError as exc:
+        raise _Unreadable(exc.strerror or str(exc)) from None
+    try:
+        data = json.loads(text)
+    except RecursionError:
+        raise _Unreadable("nested too deeply") from None
+    except ValueError as exc:
+        raise _Unreadable(f"not JSON: {exc}") from None
     if not isinstance(data, dict):
-        raise UsageError(f"{str(path)!r} does not hold a JSON object; is it from an mprl run?")
+        raise _Unreadable(f"a JSON {_kind(data)}, not an object")
+    for where, want, have in [("", fields or {}, data), ("run.", RUN_FIELDS, data.get("run"))]:
+        if not isinstance(have, dict):
+            continue
+        for key, wanted in want.items():
+            if key in have and not _fits(have[key], wanted):
+                kind = _kind(have[key])
+                raise _Unreadable(f"{where}{key} is {kind}, not {wanted}")
     return data
 
 
-def _readable(path: Path) -> dict[str, Any] | None:
-    """:func:`_read_json`, with ``None`` for a file that is there but cannot be read."""
+def _readable(
+    path: Path, skipped: list[str], fields: dict[str, str] | None = None
+) -> dict[str, Any] | None:
+    """:func:`_read_json`, with ``None`` for a file that is there but cannot be read, which is
+    named in ``skipped`` with why."""
     try:
-        return _read_json(path)
-    except UsageError:
+        return _read_json(path, fields)
+    except _Unreadable as exc:
+        skipped.append(f"{str(path)!r} ({exc})")
         return None
 
 
@@ -125,11 +200,14 @@ def read_run(path: str | Path, label: str | None = None, metrics: Sequence[str] 
             f"{str(p)!r} is not a run directory (no metrics.jsonl); give a directory made by "
             "`python -m mprl run`"
         )
+    skipped: list[str] = []
     run = Run(
         path=p,
         label=label if label is not None else (p.resolve().name or str(p)),
-        config=_readable(p / "config.json") or {},  # damaged: what the rest holds still counts
-        summary=_readable(p / "summary.json"),
+        # damaged: what the rest holds still counts
+        config=_readable(p / "config.json", skipped, CONFIG_FIELDS) or {},
+        summary=_readable(p / "summary.json", skipped, SUMMARY_FIELDS),
+        skipped=skipped,
     )
     if not metrics_file.is_file():
         return run
@@ -138,15 +216,27 @@ def read_run(path: str | Path, label: str | None = None, metrics: Sequence[str] 
             lines = f.read().splitlines()
     except OSError as exc:
         raise UsageError(f"cannot read {str(metrics_file)!r}: {exc}") from None
-    _add_records(run, lines, metrics)
+    bad = _add_records(run, lines, metrics)
+    if bad:
+        run.skipped.append(
+            f"{bad:,} line{'s' * (bad > 1)} of {str(metrics_file)!r} (nested too deeply, or a "
+            "step, wall or episode count that no run writes)"
+        )
     return run
 
 
-def _add_records(run: Run, lines: list[bytes], metrics: Sequence[str]) -> None:
-    """The episodes, evaluations and ``metrics`` of ``metrics.jsonl``'s ``lines`` into ``run``."""
+def _add_records(run: Run, lines: list[bytes], metrics: Sequence[str]) -> int:
+    """The episodes, evaluations and ``metrics`` of ``metrics.jsonl``'s ``lines`` into ``run``;
+    returns how many lines were records no run writes (nested too deeply, a step or wall that
+    is no finite number, more episodes than :data:`MAX_EPISODE_COUNT` or than env steps), which
+    are left out. A line cut short by a kill (not JSON) is left out without a count."""
+    bad = 0
     for line in lines:
         try:
             record = json.loads(line)
+        except RecursionError:
+            bad += 1
+            continue
         except ValueError:  # a line cut short by a kill, or garbage: not a record
             continue
         if not isinstance(record, dict):
@@ -154,11 +244,14 @@ def _add_records(run: Run, lines: list[bytes], metrics: Sequence[str]) -> None:
         step, wall = record.get("step"), record.get("wall")
         if not isinstance(step, int | float) or not isinstance(wall, int | float):
             continue
+        count = record.get("episode_count", 1)  # summed-up episodes count as many
+        count = count if isinstance(count, int) and count > 0 else 1
+        if not (_finite(step) and _finite(wall)) or count > min(MAX_EPISODE_COUNT, max(step, 1)):
+            bad += 1
+            continue
         run.last_step, run.last_wall = int(step), float(wall)
         ret = record.get("episode_return")
         if _finite(ret):
-            count = record.get("episode_count", 1)  # summed-up episodes count as many
-            count = count if isinstance(count, int) and count > 0 else 1
             run.episodes.extend([(int(step), float(wall), float(ret))] * count)
         if metrics:
             _collect(run.series, record, metrics, int(step), float(wall))
@@ -168,6 +261,7 @@ def _add_records(run: Run, lines: list[bytes], metrics: Sequence[str]) -> None:
             run.evals.append((int(step), float(wall), float(mean), std))
     run.episodes.sort(key=lambda episode: episode[1])  # stable: ties keep the file's order
     run.evals.sort(key=lambda evaluation: evaluation[0])
+    return bad
 
 
 def _collect(
@@ -213,10 +307,12 @@ def matplotlib_classes() -> tuple[Any, Any]:
 
 
 def _default_labels(runs: Sequence[Run]) -> list[str]:
-    labels = [r.label for r in runs]
+    """The directories' names (:func:`shown`: a name can hold anything), or their paths where
+    two have one name."""
+    labels = [shown(r.label) for r in runs]
     if len(set(labels)) == len(labels):
         return labels
-    return [str(r.path) for r in runs]  # two runs/x/run directories: tell them apart by path
+    return [shown(r.path) for r in runs]  # two runs/x/run directories: tell them apart by path
 
 
 def build_figure(
@@ -326,8 +422,8 @@ def reward_thresholds(runs: Sequence[Run]) -> list[tuple[float, list[str]]]:
     for run in runs:
         if run.reward_threshold is not None:
             envs = thresholds.setdefault(run.reward_threshold, [])
-            if (run.env or "?") not in envs:
-                envs.append(run.env or "?")
+            if shown(run.env or "?") not in envs:
+                envs.append(shown(run.env or "?"))
     return sorted(thresholds.items())
 
 
@@ -337,11 +433,15 @@ def plot_runs(
     labels: Sequence[str] | None = None,
     window: int = 100,
     metrics: Sequence[str] = (),
+    skipped: list[str] | None = None,
 ) -> Path:
     """Plot the learning curves of ``run_dirs`` into ``out_path`` and return its path.
 
     The format follows the suffix (``.png``, ``.svg``, ``.pdf``, ...); a path without a suffix
-    gets ``.png``. See :func:`build_figure` for what is drawn.
+    gets ``.png``. See :func:`build_figure` for what is drawn. What of the run directories
+    cannot be read (a damaged ``config.json``, lines of ``metrics.jsonl`` no run writes) is left
+    out, each file named in ``skipped`` when given (:attr:`Run.skipped`); so is a run that
+    has nothing left to draw for it, while another has (named there too).
 
     :raises UsageError: a directory is not a run directory or has no episodes yet, the suffix is
         not a format matplotlib writes, the output's directory does not exist, or matplotlib is
@@ -364,6 +464,17 @@ def plot_runs(
             "or give another -o"
         )
     runs = [read_run(d, metrics=metrics) for d in run_dirs]
+    notes = [line for run in runs for line in run.skipped]
+    drawn = [i for i, r in enumerate(runs) if r.episodes or r.evals or (metrics and r.series)]
+    if drawn and len(drawn) < len(runs):  # a damaged run with nothing to draw: the rest is
+        for i, run in enumerate(runs):
+            if i not in drawn and run.skipped:
+                notes.append(f"{str(run.path)!r} (nothing in it could be drawn)")
+        drawn = [i for i, r in enumerate(runs) if i in drawn or not r.skipped]
+        runs = [runs[i] for i in drawn]
+        labels = None if labels is None else [labels[i] for i in drawn]
+    if skipped is not None:
+        skipped.extend(notes)
     fig = build_figure(runs, labels=labels, window=window, metrics=metrics)
     try:
         fig.savefig(out, format=fmt, dpi=100)
@@ -426,7 +537,9 @@ def _started(path: Path) -> float:
     return 0.0
 
 
-def list_runs(directory: str | Path = "runs") -> list[dict[str, Any]]:
+def list_runs(
+    directory: str | Path = "runs", skipped: list[str] | None = None
+) -> list[dict[str, Any]]:
     """The run directories under ``directory`` (itself included, up to 3 levels down), oldest
     first by the time ``config.json`` was written.
 
@@ -436,8 +549,10 @@ def list_runs(directory: str | Path = "runs") -> list[dict[str, Any]]:
     ``status``; a value the run never wrote is ``None``. A run without
     ``summary.json`` gets its numbers from ``metrics.jsonl`` and the status ``"running (pid N)"``
     while a process holds its lock (``"running?"``: no lock file, metrics written in the last
-    minute), else ``"incomplete"``. A damaged ``config.json`` or ``summary.json`` leaves the
-    values it would have given missing; the rest is shown.
+    minute), else ``"incomplete"``. A damaged ``config.json`` or ``summary.json`` (not JSON,
+    nested too deeply, a value of the wrong type) leaves the values it would have given
+    missing, and so do the lines of ``metrics.jsonl`` that no run writes; the rest is shown,
+    and each such file is named in ``skipped`` when given (:attr:`Run.skipped`).
 
     :raises UsageError: ``directory`` does not exist or is not a directory.
     """
@@ -458,8 +573,9 @@ def list_runs(directory: str | Path = "runs") -> list[dict[str, Any]]:
             run = read_run(path)
         except UsageError:  # config.json alone: a run that died before its first record
             run = Run(path=path, label=path.name)
-            with contextlib.suppress(UsageError):
-                run.config = _read_json(path / "config.json") or {}
+            run.config = _readable(path / "config.json", run.skipped, CONFIG_FIELDS) or {}
+        if skipped is not None:
+            skipped.extend(run.skipped)
         s = run.summary or {}
         best = s.get("best_return") if run.summary is not None else None
         if run.summary is None and run.episodes:
@@ -494,6 +610,8 @@ def format_wall(seconds: float | None) -> str:
 
 
 def _cell(key: str, value: Any) -> str:
+    """A value of a row as ``runs`` shows it; what was read from a file is :func:`shown` (its
+    control characters visible), and cut at :data:`MAX_CELL` characters."""
     if value is None:
         return MISSING
     if key == "env_steps" and isinstance(value, int | float):
@@ -504,7 +622,10 @@ def _cell(key: str, value: Any) -> str:
         return f"{value:.1f}"
     if key == "solved":
         return "yes" if value else "no"
-    return str(value)
+    text = shown(value)
+    if key != "run_dir" and len(text) > MAX_CELL:
+        text = text[: MAX_CELL - 3] + "..."
+    return text
 
 
 _COLUMNS = (

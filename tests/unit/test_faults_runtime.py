@@ -17,7 +17,7 @@ from mprl.backends.local import preflight
 from mprl.errors import UsageError
 from mprl.host import monitor, progress
 from mprl.host.progress import Progress
-from mprl.host.runner import _Signals
+from mprl.host.runner import WAITING, _Signals
 from mprl.host.stats import RunStats
 from mprl.lib.envbatch import EnvBatch
 from tests.conftest import cli_here
@@ -209,6 +209,27 @@ def test_sighup_is_a_stop_unless_nohup_ignores_it():
             assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
     finally:
         signal.signal(signal.SIGHUP, before)
+
+
+# after the first Ctrl-C, one while a checkpoint is saved is told it waits for it, one more
+# cuts it short; one when none is saved forces the exit, as before
+def test_a_ctrl_c_during_a_checkpoint_waits_for_it_and_one_more_cuts_it(capsys):
+    signals = _Signals()
+    signals.handle(signal.SIGINT, None)  # the clean stop
+    assert signals.received == signal.SIGINT and not signals.forced
+    with signals.saving():
+        signals.handle(signal.SIGTERM, None)  # not a Ctrl-C: nothing more
+        signals.handle(signal.SIGINT, None)
+        assert capsys.readouterr().err == f"{WAITING}\n" and not signals.cut
+        signals.handle(signal.SIGINT, None)
+        assert signals.cut and not signals.forced and capsys.readouterr().err == ""
+    with signals.saving():  # (a cut stays: no later checkpoint is written)
+        signals.handle(signal.SIGINT, None)
+    assert signals.cut and capsys.readouterr().err == f"{WAITING}\n"
+    with pytest.raises(KeyboardInterrupt):  # no checkpoint being saved: a forced exit
+        signals.handle(signal.SIGINT, None)
+    assert signals.forced
+    signals.handle(signal.SIGINT, None)  # once: the forced exit's cleanup goes on
 
 
 # building (and resetting) a worker's envs is start-up work, beaten for as it goes

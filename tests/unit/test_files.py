@@ -12,7 +12,7 @@ import pytest
 
 from mprl.errors import UsageError
 from mprl.files import NotRegularFile, open_new, open_regular
-from mprl.host import checkpoint
+from mprl.host import checkpoint, rundir
 from mprl.host.rundir import RunDir, refusal
 
 
@@ -141,3 +141,43 @@ def test_only_a_runs_last_checkpoint_resumes_in_place(tmp_path):
     for other in (tmp_path / "checkpoints" / "best.pt", tmp_path / "last.pt"):
         with pytest.raises(UsageError, match="--run-dir NEW_DIR"):
             checkpoint.resumed_run_dir(other)
+
+
+# a write cut short (a Ctrl-C more during a checkpoint) stops between chunks and keeps the old
+# file; so does a cut that comes once every byte is written, before the replace
+@pytest.mark.parametrize("cut_after", [1, 3])
+def test_a_cut_write_keeps_the_old_file_and_leaves_no_temp_file(tmp_path, cut_after):
+    target = tmp_path / "last.pt"
+    target.write_bytes(b"old")
+    chunks: list[int] = []
+
+    def write(f) -> None:
+        f.write(b"x" * (2 * rundir.CHUNK + 1))  # three chunks
+
+    def cut() -> bool:
+        chunks.append(len(chunks))
+        return len(chunks) > cut_after
+
+    with pytest.raises(rundir.WriteCut):
+        rundir.atomic_write(target, write, cut)
+    assert target.read_bytes() == b"old" and [p.name for p in tmp_path.iterdir()] == ["last.pt"]
+    assert len(chunks) == cut_after + 1  # asked before each chunk, then before the replace
+    rundir.atomic_write(target, write, lambda: False)
+    assert target.stat().st_size == 2 * rundir.CHUNK + 1
+
+
+# a write that fails names the file it writes, not its temp file (a new name each time)
+def test_a_failed_atomic_write_names_its_target_not_its_temp_file(tmp_path):
+    gone = tmp_path / "checkpoints" / "last.pt"
+    with pytest.raises(FileNotFoundError) as caught:
+        rundir.atomic_write(gone, lambda f: f.write(b"x"))
+    assert caught.value.filename == str(gone)
+
+    def fails(f) -> None:
+        f.write(b"x")
+        raise OSError(errno.ENOSPC, "No space left on device", f"{tmp_path}/.last.pt.abc.tmp")
+
+    target = tmp_path / "last.pt"
+    with pytest.raises(OSError, match="No space left") as caught:
+        rundir.atomic_write(target, fails)
+    assert caught.value.filename == str(target) and not list(tmp_path.glob(".*.tmp"))
