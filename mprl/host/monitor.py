@@ -437,13 +437,11 @@ class RunMonitor:
                 ),
                 cut=lambda: interrupts.cut,
             )
-        except WriteCut:  # the run's last lines say it
-            self.checkpoint_error = CUT
-            message = f"checkpoint not written ({CUT}); {self._after_failure()}"
-            self.on_event({"event": "checkpoint-cut", "message": message}, show=False)
-            return None
-        except (OSError, RuntimeError) as exc:
-            self._failed(exc)
+        except (WriteCut, OSError, RuntimeError) as exc:
+            if isinstance(exc, WriteCut) or interrupts.cut:  # (a forced exit in torch.save)
+                self._cut()
+            else:
+                self._failed(exc)
             return None
         self.saved_steps = stats.env_steps
         self.checkpoint_error = self._failure_shown = None
@@ -452,6 +450,12 @@ class RunMonitor:
         record.update(wall=round(stats.wall_s, 4), path=str(path))
         self._emit([{**record, "seconds": round(time.monotonic() - start, 4)}])
         return path
+
+    def _cut(self) -> None:
+        """A checkpoint cut short by a Ctrl-C more: logged, and the run's last lines say it."""
+        self.checkpoint_error = CUT
+        message = f"checkpoint not written ({CUT}); {self._after_failure()}"
+        self.on_event({"event": "checkpoint-cut", "message": message}, show=False)
 
     def _failed(self, exc: BaseException) -> None:
         """A checkpoint write that failed: said with its cause and what is kept the first time,

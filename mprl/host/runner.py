@@ -45,7 +45,8 @@ class _Signals:
 
     While a checkpoint is being saved (:meth:`saving`), a SIGINT after the first says that the
     run waits for it (:data:`WAITING`); one more asks to exit without it (:attr:`cut`): the
-    write stops at its next chunk, and the previous checkpoint is kept.
+    write stops at its next chunk, and the previous checkpoint is kept. One more after that
+    (a save stuck before its write starts) forces the exit.
     """
 
     def __init__(self) -> None:
@@ -58,7 +59,7 @@ class _Signals:
 
     def handle(self, signum: int, frame: Any) -> None:
         if self.received is not None and signum == signal.SIGINT:
-            if self._saving:  # nothing is raised into a checkpoint's save
+            if self._saving and not self.cut:  # the save goes on, or stops at its next chunk
                 if not self._answered:
                     self._answered = True
                     with contextlib.suppress(RuntimeError):  # (stderr was being written)
@@ -66,6 +67,7 @@ class _Signals:
                 else:
                     self.cut = True
                 return
+            # one more after the cut (a save stuck before its write, or in it), or no save
             if not self.forced:  # once: the forced exit's own cleanup must not be interrupted
                 self.forced = True
                 raise KeyboardInterrupt

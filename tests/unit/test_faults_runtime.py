@@ -223,13 +223,21 @@ def test_a_ctrl_c_during_a_checkpoint_waits_for_it_and_one_more_cuts_it(capsys):
         assert capsys.readouterr().err == f"{WAITING}\n" and not signals.cut
         signals.handle(signal.SIGINT, None)
         assert signals.cut and not signals.forced and capsys.readouterr().err == ""
-    with signals.saving():  # (a cut stays: no later checkpoint is written)
-        signals.handle(signal.SIGINT, None)
-    assert signals.cut and capsys.readouterr().err == f"{WAITING}\n"
+        with pytest.raises(KeyboardInterrupt):  # one more: the save is stuck, a forced exit
+            signals.handle(signal.SIGINT, None)
+        assert signals.forced
+        signals.handle(signal.SIGINT, None)  # once: the forced exit's cleanup goes on
+    assert capsys.readouterr().err == ""
+    other = _Signals()
+    other.handle(signal.SIGINT, None)
     with pytest.raises(KeyboardInterrupt):  # no checkpoint being saved: a forced exit
-        signals.handle(signal.SIGINT, None)
-    assert signals.forced
-    signals.handle(signal.SIGINT, None)  # once: the forced exit's cleanup goes on
+        other.handle(signal.SIGINT, None)
+    assert other.forced and not other.cut
+    with other.saving():  # the forced exit's own checkpoint waits too, and can be cut
+        other.handle(signal.SIGINT, None)
+        other.handle(signal.SIGINT, None)
+        other.handle(signal.SIGINT, None)  # (nothing is raised into the forced exit's cleanup)
+    assert other.cut and capsys.readouterr().err == f"{WAITING}\n"
 
 
 # building (and resetting) a worker's envs is start-up work, beaten for as it goes
