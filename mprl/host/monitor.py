@@ -489,7 +489,8 @@ class RunMonitor:
         """Whether the run directory is gone (removed, or moved, while the run went on: its
         path leads nowhere, or to another directory); the first time it is found gone, the
         run stops on it (:attr:`gone`, :attr:`fault`): nothing more can be written there."""
-        if self.gone is None and self._dir is not None and _identity(self.rundir.path) != self._dir:
+        here = self._dir
+        if self.gone is None and here is not None and _identity(self.rundir.path, here) != here:
             self.gone = (
                 f"the run directory {self.rundir.path} is gone (removed or moved while the run "
                 "went on)"
@@ -520,10 +521,13 @@ class RunMonitor:
         }
 
 
-def _identity(path: Path) -> tuple[int, int] | None:
-    """The device and inode of directory ``path``; ``None`` when there is none there."""
+def _identity(path: Path, unknown: tuple[int, int] | None = None) -> tuple[int, int] | None:
+    """The device and inode of directory ``path``; ``None`` when there is none there (nothing,
+    a file, a stale NFS handle); ``unknown`` when it cannot be told (a search permission)."""
     try:
         st = os.stat(path)
-    except OSError:
+    except (FileNotFoundError, NotADirectoryError):
         return None
+    except OSError as exc:
+        return None if exc.errno == errno.ESTALE else unknown
     return (st.st_dev, st.st_ino) if stat.S_ISDIR(st.st_mode) else None
