@@ -27,6 +27,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from mprl.envcheck import check_parallel_first_steps
 from mprl.errors import UsageError
 from mprl.spaces import AgentBox
 
@@ -88,6 +89,9 @@ def _obs_sizes(name: str, spaces: dict[str, gym.Space]) -> list[int]:
 class AgentEnv(gym.Env):
     """A PettingZoo parallel env as one gymnasium env with an agent dimension (the
     conventions above). ``render()`` is the env's own (``render_mode="rgb_array"``: frames).
+    What the parallel env returns on its first steps is checked agent by agent
+    (:func:`mprl.envcheck.check_parallel_first_steps`): a NaN reward, an observation of another
+    shape than the agent's space, is named with its agent.
 
     :param env: the parallel env (``module.parallel_env(**kwargs)``).
     :param name: what the user called it, for messages.
@@ -115,6 +119,7 @@ class AgentEnv(gym.Env):
         self.metadata = dict(getattr(env, "metadata", {}) or {})
         self._rows = {a: i for i, a in enumerate(self.agent_names)}
         self._obs = np.zeros(self.observation_space.shape, np.float32)
+        check_parallel_first_steps(env, self.name)
 
     def _observe(self, observations: dict[str, Any]) -> tuple[np.ndarray, dict[str, Any]]:
         obs = np.zeros(self.observation_space.shape, np.float32)

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from mprl.context import derive_seed
+from mprl.envcheck import EnvCheckError, check_first_steps
 from mprl.errors import PluginError, UsageError
 from mprl.run_types import RunConfig
 from mprl.schema import obs_dtype
@@ -88,7 +89,8 @@ def _make(
     index: int = 0,
     render_mode: str | None = None,
 ) -> tuple[gym.Env, str]:
-    """:func:`make_env`'s env, and the name of the plugin that made it."""
+    """:func:`make_env`'s env, and the name of the plugin that made it; what it returns on its
+    first steps is checked (:func:`mprl.envcheck.check_first_steps`)."""
     kwargs = {"seed": seed, "rank": rank, "index": index, "render_mode": render_mode}
     for impl in reversed(pm.hook.mprl_make_env.get_hookimpls()):
         try:
@@ -112,8 +114,31 @@ def _make(
                 f"plugin {impl.plugin_name!r}: mprl_make_env returned {type(env).__name__}, "
                 "expected a gymnasium.Env or None"
             )
-        return env, impl.plugin_name
+        return check_first_steps(env, env_id), impl.plugin_name
     raise UsageError(f"no plugin could create environment {env_id!r}")
+
+
+def try_env(env: gym.Env, env_id: str) -> None:
+    """Reset ``env`` (one :func:`make_env` made) and take a step with a random action, in the
+    main process before anything starts: what the check of its first steps finds there
+    (:class:`mprl.envcheck.EnvCheckError`), or gymnasium's own check of an env's first reset
+    and step (an ``AssertionError``), refuses the run (:class:`UsageError`). Anything else the
+    env's code raises is left to the workers, which meet it too and report it with its
+    traceback."""
+    method = "reset"
+    try:
+        env.reset()
+        method = "step"
+        env.step(env.action_space.sample())
+    except EnvCheckError as exc:
+        raise UsageError(str(exc)) from None
+    except (AssertionError, gym.error.Error) as exc:
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise UsageError(
+            f"environment {env_id!r}: its first {method} failed: {type(exc).__name__}: {first}"
+        ) from None
+    except Exception:
+        pass
 
 
 def check_env(pm: PluginManager, run: RunConfig) -> None:

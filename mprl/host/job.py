@@ -20,7 +20,7 @@ from mprl.device import check_device
 from mprl.errors import PluginError, UsageError
 from mprl.host import checkpoint
 from mprl.host.config import build
-from mprl.host.envs import EnvFactory, check_env, check_trusted, workload
+from mprl.host.envs import EnvFactory, check_env, check_trusted, try_env, workload
 from mprl.host.plugins import PluginManager
 from mprl.run_types import RunConfig
 from mprl.schema import Dims
@@ -173,9 +173,16 @@ def materialize_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
                 value.zero_()
 
 
-def _spaces(make: EnvFactory, env_id: str) -> tuple[gym.Space, gym.Space, float | None]:
+def _spaces(
+    make: EnvFactory, env_id: str, algo: Algorithm
+) -> tuple[gym.Space, gym.Space, float | None]:
+    """The env's spaces, checked against ``algo``, and reward threshold; the env is reset and
+    stepped once first (:func:`try_env`): one that returns NaN, a string reward ... is refused
+    before anything starts."""
     probe = make(env_id)
     try:
+        algo.check_spaces(env_id, probe.observation_space, probe.action_space)
+        try_env(probe, env_id)
         threshold = probe.spec.reward_threshold if probe.spec is not None else None
         return probe.observation_space, probe.action_space, threshold
     finally:
@@ -340,10 +347,9 @@ def prepare_job(
         raise UsageError(f"no plugin given; installed: {installed}")
     plugin_name, algo, cfg, run_cfg = resolve(plugin, pm, config, options)
     make_env = EnvFactory(pm)  # made here first: it knows which plugin makes the env
-    obs_space, act_space, threshold = _spaces(make_env, run_cfg.env)
+    obs_space, act_space, threshold = _spaces(make_env, run_cfg.env, algo)
     if run_cfg.target_return is not None:
         threshold = run_cfg.target_return
-    algo.check_spaces(run_cfg.env, obs_space, act_space)
     dims = Dims(run_cfg.workers, obs_space, act_space, cfg)
     kinds.check_dims(algo.schema, dims)
     model, optimizer, optimizers = _model_and_optimizers(algo, dims, run_cfg.seed, resumed)
