@@ -13,6 +13,7 @@ step costs nothing more than the env's own.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -130,6 +131,12 @@ def _kind(value: Any) -> str:
     return type(value).__name__
 
 
+def _numbers(space: gym.spaces.Box) -> str:
+    """What an observation of ``space`` is (said only when one is not: a space's ``repr``
+    costs more than the checks)."""
+    return f"{space.dtype} numbers of shape {space.shape} (its observation space {space})"
+
+
 class _Fields:
     """The checks of a field each: :class:`EnvCheckError` saying what is wrong with it."""
 
@@ -164,27 +171,30 @@ class _Fields:
             raise self.fail(field, when, f"is {show(value)} ({_kind(value)})", "an integer")
 
     def _array(self, value: Any, space: gym.spaces.Box, field: str, when: str) -> None:
-        expected = f"{space.dtype} numbers of shape {space.shape} (its observation space {space})"
         try:
             array = np.asarray(value)
         except Exception:  # a ragged list, an object numpy cannot read
-            raise self.fail(field, when, f"is {show(value)}", expected) from None
+            raise self.fail(field, when, f"is {show(value)}", _numbers(space)) from None
         if array.dtype.kind not in NUMERIC:
             what = f"is {show(value)} ({_kind(value)} of {array.dtype})"
-            raise self.fail(field, when, what, expected)
+            raise self.fail(field, when, what, _numbers(space))
         if array.shape != space.shape:
             what = f"has shape {array.shape} ({show(array)})"
-            raise self.fail(field, when, what, expected)
+            raise self.fail(field, when, what, _numbers(space))
         if array.dtype.kind == "f" and not np.isfinite(array).all():
             at = tuple(int(i) for i in np.argwhere(~np.isfinite(array))[0])
             bad = array[at]
             agents = agents_of(space)
             agent = f" (agent {agents[at[0]]!r})" if agents and at else ""
             what = f"holds {bad} at index {list(at)}{agent} ({show(array)})"
-            raise self.fail(field, when, what, f"finite {expected}")
+            raise self.fail(field, when, what, f"finite {_numbers(space)}")
 
     def number(self, value: Any, field: str, when: str) -> None:
         """A reward: a real number (a Python or numpy scalar, or a 0-d array), finite."""
+        if type(value) is float or type(value) is int:  # the usual: no numpy call
+            if not math.isfinite(value):
+                raise self.fail(field, when, f"is {value}", "a finite number")
+            return
         ndim = np.ndim(value)
         if ndim or np.asarray(value).dtype.kind not in NUMERIC:
             kind = _kind(value) + (f" of shape {np.shape(value)}" if ndim else "")
