@@ -287,10 +287,67 @@ class ManagerServer:
             shutil.rmtree(listener.parent, ignore_errors=True)
 
 
-def _stopped(pid: int) -> bool:
-    """Whether process ``pid`` is stopped (SIGSTOP, SIGTSTP, a tracer)."""
+def process_state(pid: int) -> str | None:
+    """Process ``pid``'s state letter (``R``, ``S``, ``T`` stopped, ``Z`` a zombie ...), or
+    ``None`` when there is no such process."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+            return f.read().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
-        return False
+        return None
+
+
+def _stopped(pid: int) -> bool:
+    """Whether process ``pid`` is stopped (SIGSTOP, SIGTSTP, a tracer)."""
+    return process_state(pid) in ("T", "t")
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie has ended)."""
+    return process_state(pid) not in (None, "Z", "X")
+
+
+def set_subreaper(on: bool) -> bool:
+    """Make this process the one its orphaned descendants go to (Linux's child subreaper), or
+    stop being it; whether it was one before. A child of a forkserver that died is then this
+    process's own, whose exit it reads; a daemon a child left is found here."""
+    with contextlib.suppress(Exception):
+        libc = ctypes.CDLL(None, use_errno=True)
+        before = ctypes.c_int(0)
+        libc.prctl(37, ctypes.byref(before), 0, 0, 0)  # PR_GET_CHILD_SUBREAPER
+        libc.prctl(36, int(on), 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+        return bool(before.value)
+    return False
+
+
+def marked(name: str, value: str, forked: Sequence[bytes] = ()) -> list[int]:
+    """The processes (but this one) whose environment holds ``name=value``: what a run's
+    children started, whatever became of their parents. With ``forked``, also this process's
+    children whose command line holds one of them: a fork that never ran a new program shows the
+    environment and command line of the program it forked from (a forkserver, this one), not the
+    mark set after it started; as an orphan it came to this process, the run's subreaper."""
+    needle, found, me = f"{name}={value}".encode(), [], os.getpid()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if needle in f.read().split(b"\0"):
+                    found.append(int(entry))
+                    continue
+            if forked and _parent(int(entry)) == me:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    command = f.read()
+                    if any(words in command for words in forked):
+                        found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None

@@ -87,7 +87,7 @@ if "OldStyle-v0" not in gym.registry:  # an env whose constructor takes no rende
 
 FAULTS = (
     "none", "raise", "exit", "sigkill", "hang", "ignore_stop", "breakpoint", "raise_at_stop",
-    "orphans",
+    "orphans", "daemons",
 )  # fmt: skip
 
 
@@ -160,6 +160,19 @@ def inject(ctx: mprl.Context, fault: str) -> None:
             time.sleep(600)
             os._exit(0)
         ctx.log(orphan_subprocess=sleeper.pid, orphan_fork=forked)
+    if fault == "daemons":  # processes that leave its process group: a new session, a double fork
+        session = subprocess.Popen(
+            [sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True
+        )
+        reader, writer = os.pipe()
+        if os.fork() == 0:  # the classic daemon: fork, setsid, fork, the middle one leaves
+            os.setsid()
+            if (grandchild := os.fork()) != 0:
+                os.write(writer, str(grandchild).encode())
+                os._exit(0)
+            time.sleep(600)
+            os._exit(0)
+        ctx.log(daemon_session=session.pid, daemon_forked=int(os.read(reader, 32)))
 
 
 def created() -> float:

@@ -20,7 +20,7 @@ from typing import Any
 import attrs
 from attrs import validators as v
 
-from mprl.backends.processes import child_environment
+from mprl.backends.processes import child_environment, process_state
 from mprl.run_types import RunConfig
 from mprl.startup import Command, exit_on_terminate
 
@@ -74,6 +74,54 @@ def stop_forkserver() -> None:
         if server._forkserver_pid is not None:
             os.kill(server._forkserver_pid, signal.SIGKILL)
         server._stop()  # reaps it and removes its socket
+
+
+def forkserver_pid() -> int | None:
+    """The pid of this process's forkserver, when one was started."""
+    from multiprocessing import forkserver
+
+    return forkserver._forkserver._forkserver_pid  # type: ignore[attr-defined]
+
+
+class ForkserverWatch:
+    """Looks after the forkserver while a run goes on: one stopped (SIGSTOP, a debugger) for
+    :data:`STOPPED_S` is killed, as nothing it would do (fork a child, tell its exit) can wait
+    for ever; one that ended is said once. Its children go on either way (this process is
+    their subreaper: their exits are read here), and the next child start brings up a new
+    server, as at start-up. :meth:`look` returns what to say, or ``None``."""
+
+    STOPPED_S = 5.0
+
+    def __init__(self) -> None:
+        self.stopped_since: float | None = None
+        self.said: set[int] = set()
+
+    def look(self, now: float, at_once: bool = False) -> str | None:
+        """What happened to the forkserver since the last look (``at_once``: a stopped one is
+        killed now: the run waits on it)."""
+        pid = forkserver_pid()
+        if pid is None or pid in self.said:
+            return None
+        state = process_state(pid)
+        if state in ("T", "t"):
+            self.stopped_since = self.stopped_since or now
+            if not at_once and now - self.stopped_since < self.STOPPED_S:
+                return None
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+            self.said.add(pid)
+            return (
+                f"the forkserver (pid {pid}) was stopped (SIGSTOP); killed: the run's children "
+                "go on, a new forkserver starts the next"
+            )
+        self.stopped_since = None
+        if state in (None, "Z", "X"):
+            self.said.add(pid)
+            return (
+                f"the forkserver (pid {pid}) ended: the run's children go on, a new forkserver "
+                "starts the next"
+            )
+        return None
 
 
 class EarlyServer:
