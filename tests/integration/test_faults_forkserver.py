@@ -14,8 +14,8 @@ from pathlib import Path
 
 from tests.conftest import (
     child_pids,
-    comm,
     clean_stderr,
+    comm,
     read_metrics,
     running,
     stepped,
