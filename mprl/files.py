@@ -103,3 +103,17 @@ def open_new(path: str | Path, flags: int, mode: int = 0o666) -> int:
     Path(path).unlink(missing_ok=True)
     flags &= ~os.O_TRUNC
     return os.open(path, flags | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+
+
+def no_room(path: str | Path) -> str:
+    """Why a write to ``path`` got ``ENOSPC``, in words: its file system has no inodes left
+    (a file cannot be made however many bytes are free: ``df -i``), or the disk is full."""
+    for at in (Path(path), *Path(path).parents):
+        try:
+            st = os.statvfs(at)
+        except OSError:
+            continue
+        if st.f_files and not st.f_favail:
+            return "its file system has no free inodes left"
+        break
+    return "the disk is full"

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 from mprl import kinds
 from mprl.backends.base import Job
+from mprl.files import no_room
 from mprl.host import checkpoint
 from mprl.host.config import as_dict
 from mprl.host.plugins import PluginManager
@@ -133,15 +134,16 @@ def write_error(exc: BaseException) -> OSError | None:
     return None
 
 
-def describe_write_error(exc: BaseException) -> str:
-    """A failed write in words: "the disk is full: [Errno 28] No space left on device"."""
+def describe_write_error(exc: BaseException, where: str | Path | None = None) -> str:
+    """A failed write (to ``where``, when the error does not say) in words: "the disk is full:
+    [Errno 28] No space left on device", or "no inodes are left on its file system"."""
     cause = write_error(exc)
     if cause is None:
         first = (str(exc).strip().splitlines() or [""])[0]
         return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
     text = f"[Errno {cause.errno}] {cause.strerror}" if cause.strerror else str(cause)
     if cause.errno == errno.ENOSPC:
-        return f"the disk is full: {text}"
+        return f"{no_room(cause.filename or where or '.')}: {text}"
     if cause.filename:
         text += f": {cause.filename!r}"
     return text
@@ -261,7 +263,7 @@ class RunMonitor:
             except OSError as exc:  # a full disk: the run stops, its final checkpoint first
                 self.fault = (
                     f"metrics could not be written to {self.rundir.path} "
-                    f"({describe_write_error(exc)})"
+                    f"({describe_write_error(exc, self.rundir.path)})"
                 )
         self.pm.hook.mprl_report_metrics(run=self.info, records=records)
 
@@ -463,7 +465,8 @@ class RunMonitor:
         that failed because the run directory is gone says nothing: the run stops on it."""
         if self.look():
             return
-        why, where = describe_write_error(exc), self.rundir.checkpoints
+        where = self.rundir.checkpoints
+        why = describe_write_error(exc, where)
         if not where.is_dir():  # removed (or replaced) while the run goes on
             what = "is not a directory" if where.exists() else "was removed"
             why = f"{where} {what}: {why}"

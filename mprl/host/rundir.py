@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from mprl.errors import UsageError
-from mprl.files import NotRegularFile, open_regular
+from mprl.files import NotRegularFile, no_room, open_regular
 
 CSV_COLUMNS = ("wall", "step", "source", "name", "value")
 #: one encoder for every record (json.dumps with ``default=`` builds one per call)
@@ -171,6 +171,8 @@ def refusal(run: Path, exc: OSError, *, resume: bool) -> UsageError:
         cause = f"{name}: {text}" if name else text
         if exc.errno == errno.EROFS:
             cause = f"{name or 'it'} is on a read-only file system"
+        if exc.errno == errno.ENOSPC and (room := no_room(run)) != "the disk is full":
+            cause += f" ({room})"
         fix = f"{_FIXES[exc.errno]}, or {other}" if exc.errno in _FIXES else other
     return UsageError(f"{what} run directory {str(run)!r}: {cause}; {fix}")
 

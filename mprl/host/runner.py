@@ -338,10 +338,11 @@ def _finish(
         rundir.write_json("summary.json", summary.to_dict())
         unwritten = ""
     except OSError as exc:  # a full disk: said, and the run ends as it would have
-        unwritten = f"summary.json not written ({describe_write_error(exc)})"
-        if monitor.fault is None:  # else the last line says it
+        unwritten = f"summary.json not written ({describe_write_error(exc, rundir.path)})"
+        if monitor.fault is None and not outcome.failures:  # else the last line says it
             say(f"mprl: {unwritten}")
-        unwritten = "summary.json not written"
+        if monitor.fault is not None or not outcome.failures:  # with its cause, once
+            unwritten = "summary.json not written"
     _close(rundir)
     pm.hook.mprl_run_end(run=info, summary=summary.to_dict())
     _say_end(summary, outcome, monitor, signals, rundir, unwritten)
@@ -411,13 +412,15 @@ def _say_end(
         say(f"mprl: {_checkpoint_line(kept, steps, rundir, cut=cut)}")
     failed = summary.status == "failed"
     if outcome.failures:  # reported, also when the user stopped the run
+        first = outcome.failures[0]
         for f in outcome.failures:
-            say(f"mprl: {f.who} {f.reason}")
+            if f is not first or f.who != "run" or f.traceback:  # the run's own: the last line
+                say(f"mprl: {f.who} {f.reason}")
             if f.traceback:
                 say(f"--- traceback of {f.who} ---\n{f.traceback.rstrip()}")
-        first = outcome.failures[0]
         if failed:
-            raise RunFailed(f"{first.who} {first.reason}; run directory: {rundir.path}", summary)
+            line = f"{first.who} {first.reason}" + (f"; {unwritten}" if unwritten else "")
+            raise RunFailed(f"{line}; run directory: {rundir.path}", summary)
     elif monitor.gone is not None:  # nothing of the run's end could be written there
         line = (
             f"{monitor.gone}: the run stopped after {steps:,} env step{'s' * (steps != 1)}, "

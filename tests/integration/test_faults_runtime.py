@@ -216,6 +216,32 @@ def test_a_checkpoint_the_disk_cannot_hold_is_reported_and_the_run_goes_on(insta
     assert data["env_steps"] == kept
 
 
+# a file system with few inodes: every file the run makes (its directory's, its children's stack
+# files, checkpoints) may be the one that fails, whatever bytes are free
+@needs_unshare
+def test_no_inodes_left_is_one_line_naming_them_wherever_the_run_is(installed, tmp_path):
+    exits = {}
+    for inodes in (4, 5, 7, 10, 12):  # the run directory, logs/, a stack file, a checkpoint
+        disk, out = tmp_path / f"disk{inodes}", tmp_path / f"out{inodes}"
+        args = [*probe(disk / "run", "step_sleep=0.0005", steps=400, workers=2)]
+        with in_namespace(
+            disk, f"64m,nr_inodes={inodes}", out, [*args, "--checkpoint-every", "0"]
+        ) as shell:
+            _, stderr = shell.communicate(timeout=120)
+        exits[inodes] = shell.returncode
+        lines = stderr.strip().splitlines()
+        assert shell.returncode in (0, 1, 2), (inodes, stderr)
+        assert "Traceback" not in stderr and all(x.startswith("mprl: ") for x in lines), stderr
+        clean_stderr(stderr)
+        if shell.returncode == 1:  # it started, and stopped on a file it could not make
+            assert len(lines) <= 2 and "file system has no free inodes left" in lines[-1], stderr
+            assert lines[-1].startswith("mprl: run failed: "), stderr
+        elif shell.returncode == 2:  # its run directory could not be made
+            assert lines == [lines[0]] and "No space left on device" in lines[0], stderr
+    # every stage was reached: the run directory, the run, and a run that had all it needed
+    assert set(exits.values()) == {0, 1, 2}, exits
+
+
 # checkpoints/ removed while the run goes on
 def test_a_removed_checkpoints_directory_is_said_and_the_summary_has_no_checkpoint(
     installed, run_dir

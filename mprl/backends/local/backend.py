@@ -10,6 +10,7 @@ Supervisor`), so a crashed child stops the run instead of hanging ``join()``.
 from __future__ import annotations
 
 import contextlib
+import errno
 import faulthandler
 import multiprocessing as mp
 import os
@@ -55,7 +56,7 @@ from mprl.backends.processes import (
 from mprl.backends.supervisor import FAILED, RETURNED, RUNNING, NotStarted, Status, Supervisor
 from mprl.context import Context
 from mprl.errors import UsageError
-from mprl.files import open_new
+from mprl.files import no_room, open_new
 from mprl.run_types import ChildFailure
 from mprl.schema import SharedState
 from mprl.timeline import mark
@@ -316,7 +317,8 @@ class _LocalSupervisor(Supervisor):
         try:
             self.logs.mkdir(exist_ok=True)
         except OSError as exc:  # a full disk, no inodes left, a directory removed
-            why = f"cannot make {self.logs} ({exc.strerror or exc})"
+            words = no_room(self.logs) if exc.errno == errno.ENOSPC else exc.strerror or exc
+            why = f"cannot make {self.logs} ({words})"
             raise NotStarted(Outcome("failed", [ChildFailure("run", -1, None, why)])) from None
         if kinds.needs_manager(job.algorithm.schema):
             try:  # spawned, not forked from the forkserver: its life is its own
