@@ -419,7 +419,10 @@ def _say_end(
             if f.traceback:
                 say(f"--- traceback of {f.who} ---\n{f.traceback.rstrip()}")
         if failed:
-            line = f"{first.who} {first.reason}" + (f"; {unwritten}" if unwritten else "")
+            line = f"{first.who} {first.reason}"
+            raised = [x for x in first.traceback.strip().splitlines() if x.strip()][-1:]
+            line += f" ({raised[0].strip()[:300]})" if raised else ""  # the cause, at the end too
+            line += f"; {unwritten}" if unwritten else ""
             raise RunFailed(f"{line}; run directory: {rundir.path}", summary)
     elif monitor.gone is not None:  # nothing of the run's end could be written there
         line = (

@@ -33,8 +33,9 @@ import mprl
 def test_an_env_going_bad_in_a_worker_fails_the_run_naming_the_env_and_the_field(
     run_dir, capfd, plugin, env_id, said
 ):
-    with pytest.raises(mprl.RunFailed, match=r"worker 0 exited with code 1"):
+    with pytest.raises(mprl.RunFailed, match=r"worker 0 exited with code 1") as failed:
         mprl.run(plugin, env=env_id, workers=1, run_dir=run_dir, progress="none")
+    assert re.search(said, str(failed.value)) and env_id in str(failed.value)  # the last line too
     stderr = capfd.readouterr().err
     assert "--- traceback of worker 0 ---" in stderr
     line = f"mprl.envcheck.EnvCheckError: environment {env_id!r}: "
