@@ -95,6 +95,25 @@ def _kill_child(name: str, sig: int = signal.SIGKILL) -> Callable[[subprocess.Po
     return fault
 
 
+def _forkserver_then_stop(sig: int) -> Callable[[subprocess.Popen, Path], None]:
+    """``sig`` to the run's forkserver, then SIGINT to the main process a second later."""
+
+    def fault(proc: subprocess.Popen, _: Path) -> None:
+        (pid,) = [p for p in child_pids(proc.pid) if b"forkserver import main" in _cmd(p)]
+        os.kill(pid, sig)
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGINT)
+
+    return fault
+
+
+def _cmd(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
 def _group(sig: int) -> Callable[[subprocess.Popen, Path], None]:
     return lambda proc, _: os.killpg(proc.pid, sig)
 
@@ -153,6 +172,10 @@ def main() -> None:
          _signal(signal.SIGINT)),
         ("a3c: worker 1 frozen with SIGSTOP (hung), --worker-timeout 3",
          [*a3c, "--worker-timeout", "3"], _kill_child("mprl-worker-1", signal.SIGSTOP)),
+        ("a3c: forkserver frozen with SIGSTOP, then SIGINT 1 s later", a3c,
+         _forkserver_then_stop(signal.SIGSTOP)),
+        ("a3c: forkserver SIGKILLed, then SIGINT 1 s later", a3c,
+         _forkserver_then_stop(signal.SIGKILL)),
     ]  # fmt: skip
     try:
         rows = [measure(name, args, fault, site) for name, args, fault in cases]
