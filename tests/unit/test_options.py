@@ -46,6 +46,32 @@ def test_registered_options_are_checked_and_read_through_their_class():
         options.build({"learner_resources": '{"CPU": Infinity}'})
 
 
+@pytest.mark.parametrize(
+    ("given", "says"),
+    [
+        ({"worker_cpus": 0.00001}, r"field 'worker_cpus': --worker-cpus 1e-05: .* 0.0001 or more"),
+        ({"worker_cpus": float("nan")}, r"field 'worker_cpus'.*nan"),
+        ({"learner_resources": '{"CPU": 0.00001}'}, r"CPU 1e-05 is less than Ray reserves"),
+        ({"learner_resources": '{"GPU": 0.00009}'}, r"GPU 9e-05 is less than Ray reserves"),
+        ({"learner_resources": '{"": 1}'}, r"a resource name is blank \(''\)"),
+        ({"learner_resources": '{" ": 1}'}, r"a resource name is blank \(' '\)"),
+        ({"learner_resources": '{"object_store_memory": 1}'}, r"'object_store_memory' is not"),
+    ],
+)
+def test_ray_amounts_ray_would_refuse_are_refused_naming_the_field(given, says):
+    # Ray raises a ValueError of its own for an amount below 1/10,000 once the actor is made:
+    # here they are refused with the field before anything starts
+    options = RunOptions([("ray", RayOptions)])
+    with pytest.raises(mprl.ConfigError, match=says):
+        options.build(given)
+
+
+def test_ray_amounts_at_its_smallest_unit_or_zero_are_taken():
+    options = RunOptions([("ray", RayOptions)])
+    run = options.build({"worker_cpus": 0.0001, "learner_resources": '{"CPU": 0, "GPU": 0.0001}'})
+    assert run.of(RayOptions).worker_cpus == 0.0001
+
+
 def test_an_option_name_taken_already_names_both_owners():
     @attrs.frozen
     class Clash:

@@ -88,6 +88,9 @@ def test_a_ray_run_with_no_address_starts_its_ray_ahead_with_the_cpus_it_reserve
                            *learner]) == 4  # fmt: skip
     # a value the parser refuses later: as if not given (the parser says what is wrong)
     assert wants_embedded(["run", "--backend", "ray", "--workers", "many"]) == 7
+    # Ray options the parser refuses: no Ray started ahead for a run that will not run
+    assert wants_embedded(["run", "--backend", "ray", "--worker-cpus", "0.00001"]) is None
+    assert wants_embedded(["run", "--backend", "ray", "--learner-resources", '{"": 1}']) is None
 
 
 @pytest.mark.parametrize(

@@ -18,7 +18,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-from mprl.backends.ray.options import RayOptions, learner_resources
+from mprl.backends.ray.options import RayOptions, learner_resources, worker_cpus
 from mprl.errors import UsageError
 from mprl.run_types import RunConfig
 from mprl.startup import Command, exit_on_terminate
@@ -66,17 +66,18 @@ def stop(session: Path | None) -> None:
 def wants_embedded(command: Command) -> float | None:
     """The CPUs a run of ``command`` reserves on a Ray started on this machine for it, as far
     as the command line and ``RAY_ADDRESS`` say (a config file may still name an address,
-    another backend or other counts); ``None`` when it runs on no such Ray."""
+    another backend or other counts); ``None`` when it runs on no such Ray, or when the
+    command will be refused for its Ray options."""
     if command.value(RunConfig, "backend") != "ray" or os.environ.get("RAY_ADDRESS"):
         return None
     if "ray_address" in command.options or importlib.util.find_spec("ray") is None:
         return None
     try:
         learner = learner_resources(command.value(RayOptions, "learner_resources"))
-    except UsageError:  # the command's parser says what is wrong
-        learner = {}
-    workers = command.value(RunConfig, "workers")
-    return workers * command.value(RayOptions, "worker_cpus") + learner.get("CPU", 1.0)
+        cpus = worker_cpus(command.value(RayOptions, "worker_cpus"))
+    except UsageError:  # refused by the command's parser, which says why: no Ray for it
+        return None
+    return command.value(RunConfig, "workers") * cpus + learner.get("CPU", 1.0)
 
 
 class EarlyRay:
