@@ -54,6 +54,8 @@ class Status:
     :ivar traceback: failed: what it raised, where known.
     :ivar reason: failed: what happened in words, when the exit code does not say it (an
         actor that died with its node).
+    :ivar restartable: failed: whether a restart could help; ``False`` fails the run whatever
+        restarts are left (a child that could not be placed: its restart would wait the same).
     """
 
     state: str
@@ -62,6 +64,7 @@ class Status:
     code: int | None = None
     traceback: str = ""
     reason: str = ""
+    restartable: bool = True
 
 
 class ChildHandle(Protocol):
@@ -101,6 +104,7 @@ class Child:
     steps_at_start: int = 0
     restart_at: float | None = None  # monotonic time of a pending restart
     done: bool = False  # ended for good
+    hopeless: bool = False  # its last failure is one a restart would not cure
 
     def live(self) -> bool:
         return self.handle is not None and not self.done and self.restart_at is None
@@ -321,6 +325,7 @@ class Supervisor:
             child.done = True
             return None
         if status.state == FAILED:
+            child.hopeless = not status.restartable
             return failure(child.role, status.code, status.traceback, status.reason)
         timeout = self.job.run.worker_timeout
         silent = status.silent_s
@@ -340,6 +345,9 @@ class Supervisor:
         child.handle.kill()  # what it started goes with it, before a restart
         child.in_a_row = self.policy.in_a_row(child.in_a_row, progressed)
         decision = self.policy.decide(child.role.kind, child.restarts, child.in_a_row)
+        if child.hopeless:  # (its reason says why)
+            child.done = True
+            return found
         if decision.delay is None:
             child.done = True
             return attrs.evolve(found, reason=found.reason + decision.why_not)

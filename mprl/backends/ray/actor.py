@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextlib
 import multiprocessing as mp
 import os
+import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -27,6 +29,8 @@ from mprl.transport.hub import Hub
 
 #: the longest a read of the train process's state waits for its update in progress to end
 UPDATE_WAIT_S = 2.0
+#: seconds between two looks of an actor at the raylet that started it
+RAYLET_WATCH_S = 0.5
 
 
 class ChildActor:
@@ -35,6 +39,14 @@ class ChildActor:
     def __init__(self, authkey: bytes) -> None:
         # the Manager's proxies in the context read the run's key from here when unpickled
         mp.current_process().authkey = authkey
+        if ray.get_runtime_context().get_actor_id() is not None:  # a Ray actor's process
+            watch = threading.Thread(
+                target=_end_with_raylet,
+                args=(os.getppid(),),
+                name="mprl-raylet-watch",
+                daemon=True,
+            )
+            watch.start()
         self.channel = ChildChannel()
         self.ctx: Context | None = None
         self.trained: Trained | None = None  # what the function trains (on its device)
@@ -150,6 +162,25 @@ class ChildActor:
             if whole:
                 self.hub.publishing.release()
         return {name: [ray.put(part)] for name, part in copied.items()}
+
+
+def _end_with_raylet(raylet: int) -> None:
+    """End this actor's process once the raylet that started it (its parent) is gone. A
+    raylet Ray declared dead (its node cut off, or stopped, for longer than Ray's health checks
+    allow) exits as soon as it runs again and learns it, and Ray leaves the processes it
+    started running, cut off from the run (the driver's kill cannot reach them): they end here,
+    whatever the plugin's function is doing."""
+    if raylet <= 1:  # started by no raylet (adopted already): nothing to watch
+        return
+    while os.getppid() == raylet:
+        time.sleep(RAYLET_WATCH_S)
+    with contextlib.suppress(Exception):
+        print(
+            f"mprl: the raylet that started this actor (pid {raylet}) is gone; the actor ends",
+            file=sys.stderr,
+            flush=True,
+        )
+    os._exit(1)
 
 
 def _on_cpu(value: Any) -> Any:

@@ -53,6 +53,11 @@ RAY_PROCESSES = 3
 ANSWER_TIMEOUT_S = 30.0
 #: seconds the driver waits, at the end of a run, for Ray to see its killed actors' processes end
 ACTORS_GONE_S = 10.0
+#: seconds an actor's poll may go unanswered before the run says so (at most half of
+#: --worker-timeout): its node may be cut off
+NOT_ANSWERING_S = 5.0
+#: seconds an actor may wait for a node before the run asks Ray whether it waits for resources
+PLACEMENT_NOTE_S = 3.0
 
 #: schema kinds that need one machine's memory or are not built on Ray yet, and what to use
 REFUSED = {
@@ -161,13 +166,20 @@ class _Actor:
     """A child as a Ray actor (:class:`mprl.backends.supervisor.ChildHandle`): seen through its
     run's reference and the answers to the polls its run sends (:meth:`_RaySupervisor.take`)."""
 
-    def __init__(self, run: _RaySupervisor, role: Role, actor: Any, run_ref: Any) -> None:
+    def __init__(
+        self, run: _RaySupervisor, role: Role, actor: Any, run_ref: Any, restart: bool
+    ) -> None:
         self.run, self.role, self.actor, self.run_ref = run, role, actor, run_ref
+        self.restart = restart  # a restart of its rank
         self.where_ref = actor.where.remote()
         self.poll_ref: Any = None
         self.poll_sent = 0.0
         self.started_at = time.monotonic()
-        self.node, self.pid = "", 0  # where its process is, once placed
+        self.node, self.node_id, self.pid = "", "", 0  # where its process is, once placed
+        self.placement_seen = 0.0  # when the run last asked Ray whether it waits for resources
+        self.placement_said = False  # the run said it waits for resources
+        self.late_said = False  # the run said it is not answering
+        self.lost: str | None = None  # why Ray declared its node dead, when it died with it
         self.steps = 0  # this actor's
         self.answered = False  # a poll came back since the start
         self.silent: float | None = None  # its heartbeat's age at the last answer
@@ -187,16 +199,28 @@ class _Actor:
         if not _ready(self.run_ref):
             now = time.monotonic()
             starting = not self.answered or self.starting
+            if not self.node and (unplaced := self.run.placement(self, now)) is not None:
+                self._ended = unplaced  # it waited for resources no node has, for too long
+                return unplaced
             if not self.answered:  # how long it has been waiting
                 return Status(RUNNING, now - self.started_at, starting)
             if self.poll_ref is not None and now - self.poll_sent > 1.0:
+                self.run.late(self, now - self.poll_sent)
                 return Status(RUNNING, now - self.poll_sent, starting)
             return Status(RUNNING, self.silent, starting)
         where = f" on node {self.node}" if self.node else ""
         try:
             result = ray.get(self.run_ref, timeout=ANSWER_TIMEOUT_S)
         except ray.exceptions.RayActorError as exc:
-            self._ended = Status(FAILED, reason=f"its actor died{where}: {cluster.cause(exc)}")
+            reason = f"its actor died{where}: {cluster.cause(exc)}"
+            if self.node and (lost := cluster.node_death(exc)) is not None:
+                self.lost = lost
+                self.run.node_lost(self)
+                reason = (
+                    f"died with its node {self.node} ({self.node_id[:8]}), which Ray declared "
+                    f"dead ({lost})"
+                )
+            self._ended = Status(FAILED, reason=reason)
         except ray.exceptions.RayError as exc:
             self._ended = Status(FAILED, code=1, traceback=str(exc),
                                  reason="could not start its actor")  # fmt: skip
@@ -360,7 +384,7 @@ class _RaySupervisor(Supervisor):
         before = self.actors.get(role.slot)
         if before is not None:  # a restart: the slot's steps go on from the last actor's
             self.base[role.slot] += before.steps
-        self.actors[role.slot] = handle = _Actor(self, role, actor, run_ref)
+        self.actors[role.slot] = handle = _Actor(self, role, actor, run_ref, before is not None)
         self.started.append(handle)
         return handle
 
@@ -421,7 +445,7 @@ class _RaySupervisor(Supervisor):
         actor.where_ref = None
         if where is None:
             return
-        actor.node, actor.pid = where["ip"], where["pid"]
+        actor.node, actor.node_id, actor.pid = where["ip"], where["node_id"], where["pid"]
         self.event(
             "placed",
             f"{actor.role.who} runs on node {where['ip']} ({where['node_id'][:8]}, "
@@ -440,6 +464,14 @@ class _RaySupervisor(Supervisor):
             out = ray.get(ref, timeout=ANSWER_TIMEOUT_S)
         except Exception:  # the actor is gone: its run ref says how
             return
+        if actor.late_said:
+            actor.late_said = False
+            self.event(
+                "answering",
+                f"{actor.role.who} on node {actor.node} answers again, after "
+                f"{time.monotonic() - actor.poll_sent:.0f} s",
+                rank=actor.role.rank,
+            )
         actor.answered = True
         actor.steps = out["steps"]
         actor.silent, actor.starting = out["silent"], out["starting"]
@@ -449,6 +481,94 @@ class _RaySupervisor(Supervisor):
             self.model_ref, self.model_gen = out["model"], self.model_gen + 1
         if out.get("hub"):
             self.hub_info = out["hub"]
+
+    # -- what the run says while a node is cut off -----------------------------------------------
+
+    def late(self, actor: _Actor, silent: float) -> None:
+        """Say once that ``actor``, placed, has not answered its poll for
+        :data:`NOT_ANSWERING_S` (its node may be cut off), and what comes of it."""
+        timeout = self.job.run.worker_timeout
+        after = min(NOT_ANSWERING_S, timeout / 2) if timeout else NOT_ANSWERING_S
+        if actor.late_said or silent < after or self.stopping or not actor.node:
+            return
+        actor.late_said = True
+        seen = {True: "Ray still counts its node alive", False: "Ray has declared its node dead"}
+        alive = cluster.node_alive(actor.node_id)
+        then = (
+            f"; waiting up to {timeout:g} s (--worker-timeout) before it counts as hung"
+            if timeout
+            else "; waiting for it (--worker-timeout 0)"
+        )
+        self.event(
+            "not-answering",
+            f"{actor.role.who}'s node {actor.node} ({actor.node_id[:8]}) is not answering "
+            f"(no answer for {silent:.0f} s; {seen.get(alive, 'Ray did not say')}){then}",
+            rank=actor.role.rank,
+            node=actor.node,
+            node_id=actor.node_id,
+        )
+
+    def node_lost(self, actor: _Actor) -> None:
+        """Say that Ray declared ``actor``'s node dead (once per node): what of the run ran
+        there goes on running, cut off, until the node is back."""
+        if any(a.lost and a.node_id == actor.node_id for a in self.started if a is not actor):
+            return
+        self.event(
+            "node-lost",
+            f"node {actor.node} ({actor.node_id[:8]}) was declared dead by Ray ({actor.lost}): "
+            f"{actor.role.who} ran there (pid {actor.pid}), cut off from the run now; it ends "
+            "once its node is back",
+            rank=actor.role.rank,
+            node=actor.node,
+            node_id=actor.node_id,
+            pid=actor.pid,
+        )
+
+    def placement(self, actor: _Actor, now: float) -> Status | None:
+        """``actor``'s failure once it has waited its bound for resources that no live node has
+        free (a restart: --worker-timeout; else the start-up time); the wait said once it is
+        seen, after :data:`PLACEMENT_NOTE_S`. ``None`` while it may yet be placed."""
+        waited = now - actor.started_at
+        timeout = self.job.run.worker_timeout
+        if actor.restart and timeout:
+            bound, what = timeout, "--worker-timeout"
+        else:
+            bound, what = self.startup_timeout, "the start-up time"
+        if waited < PLACEMENT_NOTE_S or (now - actor.placement_seen < 1.0 and waited < bound):
+            return None
+        actor.placement_seen = now
+        if cluster.actor_placed(actor.actor) is not False:  # placed, starting; or Ray said naught
+            return None
+        needs = self._asks(actor.role)
+        fits, have = cluster.free_for(needs)
+        if fits is not False:  # a node has them: it is being placed
+            return None
+        who = f"the restart of {actor.role.who}" if actor.restart else actor.role.who
+        if not actor.placement_said:
+            actor.placement_said = True
+            self.event(
+                "placement-waits",
+                f"{who} waits for resources: it needs {cluster.resources_text(needs)}, and no "
+                f"live node has them free ({have}); waiting up to {bound:g} s ({what}) for a "
+                "node to free them or join",
+                rank=actor.role.rank,
+                needs=needs,
+            )
+        if waited < bound:
+            return None
+        return Status(
+            FAILED,
+            reason=f"could not be placed within {bound:g} s ({what}): it needs "
+            f"{cluster.resources_text(needs)}, and no live node has them free ({have}); add a "
+            "node, or run with fewer --workers or a smaller --worker-cpus / --learner-resources",
+            restartable=False,
+        )
+
+    def _asks(self, role: Role) -> dict[str, float]:
+        """The resources an actor of ``role`` asks Ray for."""
+        if role.kind == "worker":
+            return {"CPU": self.options.worker_cpus}
+        return dict(self.learner)
 
     def last_poll(self, actor: _Actor) -> None:
         """Take what ``actor`` reported after its last poll (its function returned)."""
@@ -535,16 +655,54 @@ class _RaySupervisor(Supervisor):
         runs = [a.run_ref for a in self.started]
         with contextlib.suppress(Exception):
             ray.wait(runs, num_returns=len(runs), timeout=ACTORS_GONE_S)
+        # what ran on a node Ray declared dead is out of its reach: said, not waited for
+        cut_off = self._cut_off()
         # Ray sees a process end a few tens of milliseconds before it is gone: on this machine,
         # wait for that too
         here = ray.util.get_node_ip_address()
         for actor in self.started:
-            while actor.node == here and _actor_alive(actor.pid) and time.monotonic() < deadline:
+            while (
+                actor.node == here
+                and actor not in cut_off
+                and _actor_alive(actor.pid)
+                and time.monotonic() < deadline
+            ):
                 time.sleep(0.01)
+        if cut_off:
+            self._say_cut_off(cut_off)
         if self.server is not None:
             self.server.shutdown()
         if self.session is not None and (self.outcome is None or self.outcome.failures):
             self.event("ray-logs", f"Ray's logs of this run are in {self.session}/logs")
+
+    def _cut_off(self) -> list[_Actor]:
+        """The run's actors, placed, on nodes Ray has declared dead: killing them could not
+        reach them, so their end cannot be confirmed."""
+        import ray
+
+        placed = [a for a in self.started if a.node_id]
+        try:
+            dead = {n["NodeID"] for n in ray.nodes() if not n.get("Alive")}
+        except Exception:  # Ray did not say: those it saw die with their node
+            dead = set()
+        return [a for a in placed if a.lost is not None or a.node_id in dead]
+
+    def _say_cut_off(self, cut_off: list[_Actor]) -> None:
+        """Name the actors whose end the run could not confirm, and how they end."""
+        names = ", ".join(
+            f"{a.role.who} (pid {a.pid} on node {a.node}, {a.node_id[:8]})" for a in cut_off
+        )
+        self.event(
+            "unconfirmed",
+            f"{len(cut_off)} actor{'s' * (len(cut_off) != 1)} of this run could not be "
+            f"confirmed ended, {names}: Ray declared their node dead, so it cannot reach them; "
+            "each ends itself once the Ray of its node is gone (a node declared dead stops its "
+            "Ray when it is back), or stop Ray there (`ray stop` on that node)",
+            actors=[
+                {"who": a.role.who, "pid": a.pid, "node": a.node, "node_id": a.node_id}
+                for a in cut_off
+            ],
+        )
 
 
 def _actor_alive(pid: int) -> bool:

@@ -16,11 +16,14 @@ from mprl.errors import UsageError
 
 
 def actor_options(resources: Mapping[str, float]) -> dict[str, Any]:
-    """Ray's actor options for ``resources`` (``{"CPU": 1, "GPU": 1, "custom": 2}``)."""
+    """Ray's actor options for ``resources`` (``{"CPU": 1, "GPU": 1, "custom": 2}``; Ray's
+    ``memory``, in bytes, is an option of its own)."""
     out: dict[str, Any] = {"num_cpus": resources.get("CPU", 0.0)}
     if resources.get("GPU"):
         out["num_gpus"] = resources["GPU"]
-    custom = {k: v for k, v in resources.items() if k not in ("CPU", "GPU")}
+    if resources.get("memory"):
+        out["memory"] = resources["memory"]
+    custom = {k: v for k, v in resources.items() if k not in ("CPU", "GPU", "memory")}
     if custom:
         out["resources"] = custom
     return out
@@ -141,3 +144,86 @@ def cause(exc: BaseException) -> str:
     """The first line of a Ray error."""
     text = str(exc).strip().splitlines()
     return text[0][:300] if text else type(exc).__name__
+
+
+def node_death(exc: BaseException) -> str | None:
+    """Why Ray declared the node of a dead actor dead, when it died with its node (``exc``: the
+    ``ActorDiedError`` of one of its tasks), in Ray's words (``health check failed due to
+    missing too many heartbeats``); ``None`` when it died otherwise."""
+    lines = [line.strip() for line in str(exc).splitlines()]
+    if not any("its node has died" in line for line in lines):
+        return None
+    for line in lines:  # "the actor's node was terminated unexpectedly: health check failed ..."
+        if line.startswith("the actor's node was"):
+            return line.split(":", 1)[-1].strip()[:200] or "its node died"
+    return "its node died"
+
+
+def resources_text(resources: Mapping[str, float]) -> str:
+    """``{CPU: 2, GPU: 1}``: resources as a line says them."""
+    return "{" + ", ".join(f"{k}: {v:g}" for k, v in resources.items()) + "}"
+
+
+def free_for(need: Mapping[str, float]) -> tuple[bool | None, str]:
+    """Whether a live node of the cluster has ``need`` free now (``None``: Ray did not say),
+    and what the live nodes have, in words (``2 live nodes: 3 CPU, 1 free, at most 1 on one
+    node; 1 node lost``)."""
+    import ray
+
+    try:  # per node, from Ray's control store (not public API: a Ray without it says less)
+        from ray._private import state
+
+        free = state.available_resources_per_node()
+    except Exception:
+        free = None
+    try:
+        nodes = ray.nodes()
+    except Exception:
+        return None, "the cluster did not say what it has"
+    live = [n for n in nodes if n.get("Alive")]
+    lost = len(nodes) - len(live)
+    parts = []
+    for key in need:
+        total = sum(n.get("Resources", {}).get(key, 0.0) for n in live)
+        part = f"{total:g} {key}"
+        if free is not None:
+            each = [free.get(n["NodeID"], {}).get(key, 0.0) for n in live]
+            part += f", {sum(each):g} free, at most {max(each, default=0.0):g} on one node"
+        parts.append(part)
+    text = f"{len(live)} live node{'s' * (len(live) != 1)}: " + "; ".join(parts)
+    if lost:
+        text += f"; {lost} node{'s' * (lost != 1)} lost"
+    if free is None:
+        return None, text
+    fits = any(
+        all(free.get(n["NodeID"], {}).get(k, 0.0) >= v for k, v in need.items()) for n in live
+    )
+    return fits, text
+
+
+def node_alive(node_id: str) -> bool | None:
+    """Whether Ray counts the node ``node_id`` (hex) alive; ``None`` when it does not say."""
+    import ray
+
+    try:
+        for node in ray.nodes():
+            if node.get("NodeID") == node_id:
+                return bool(node.get("Alive"))
+    except Exception:
+        return None
+    return None
+
+
+def actor_placed(actor: Any) -> bool | None:
+    """Whether Ray has given the actor a process (``None`` when Ray does not say): one whose
+    process starts has its pid in Ray's actor table, one that waits for resources has none
+    (although Ray may have named a node for it already)."""
+    try:  # Ray's actor table (a developer API: a Ray without it says nothing)
+        from ray._private import state
+
+        entry = state.actors(actor_id=actor._actor_id.hex())
+    except Exception:
+        return None
+    if not isinstance(entry, dict) or "Pid" not in entry:
+        return None
+    return entry.get("State") == "ALIVE" or bool(entry["Pid"])

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import shutil
 import tempfile
 import time
 import uuid
@@ -13,40 +11,16 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import HERE, Leftovers, marked_pids, write_distribution
-from tests.slow.ray_cluster import PLUGINS, ray_processes
+from tests.conftest import Leftovers, marked_pids
+from tests.slow.ray_cluster import ray_processes, started_cluster
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """A head (1 CPU) and two worker nodes (2 CPUs each), with the test plugin installed where
     every node's Python finds it. Ray's temp dir and ``HOME`` are this module's own."""
-    from ray.cluster_utils import Cluster
-
-    site = tmp_path_factory.mktemp("raysite")
-    modules = {m: (HERE / "plugins" / f"{m}.py").read_text() for m in PLUGINS.values()}
-    write_distribution(site, "mprl-raytest", PLUGINS, modules)
-    temp = Path(tempfile.mkdtemp(prefix="ray-", dir="/tmp"))  # short: Ray's socket paths
-    (temp / "ray").mkdir()  # where RAY_TMPDIR points Ray
-    env = pytest.MonkeyPatch()
-    env.setenv("HOME", str(tmp_path_factory.mktemp("home")))
-    env.setenv("RAY_TMPDIR", str(temp))
-    env.setenv("PYTHONPATH", os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]))
-    env.delenv("RAY_ADDRESS", raising=False)
-    env.syspath_prepend(str(site))
-    made = Cluster(
-        initialize_head=True,
-        head_node_args={"num_cpus": 1, "temp_dir": str(temp / "ray"), "include_dashboard": False},
-    )
-    try:
-        made.add_node(num_cpus=2)
-        made.add_node(num_cpus=2)
-        made.wait_for_nodes(timeout=120)
+    with started_cluster(tmp_path_factory) as made:
         yield made
-    finally:
-        made.shutdown()
-        env.undo()
-        shutil.rmtree(temp, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

@@ -1,5 +1,5 @@
-"""Faults on the cluster: a killed actor, a lost node, a crash, a hang, and signals to the
-driver (joined to the cluster, or with its own embedded Ray)."""
+"""Faults on the cluster: a killed actor, a crash, a hang, and signals to the driver (joined to
+the cluster, or with its own embedded Ray). Lost and cut-off nodes: ``test_faults_nodes.py``."""
 
 from __future__ import annotations
 
@@ -47,46 +47,6 @@ def test_a_sigkilled_worker_actor_is_restarted(cluster, tmp_path):
     assert restart["rank"] == 1 and "its actor died" in restart["message"]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["restarts"] == [0, 1]
-
-
-def test_a_lost_node_moves_its_worker_to_another(cluster, tmp_path, monkeypatch):
-    with monkeypatch.context() as env:  # the node outlives the test: not one of its processes
-        env.delenv("MPRL_TEST_MARK")
-        spare = cluster.add_node(num_cpus=2)
-    cluster.wait_for_nodes(timeout=120)
-    run_dir = tmp_path / "run"
-    args = ["--backend", "ray", "--ray-address", cluster.address, "--plugin", "relay",
-            "--workers", "2", *WORKER, "--max-restarts", "1", "--total-steps", "400000",
-            "--set", "step_sleep=0.001", "--run-dir", str(run_dir)]  # fmt: skip
-    removed = None
-    try:
-        with running(args) as proc:
-            wait_for_metrics(run_dir, lambda r: r.get("event") == "placed", timeout=120)
-            deadline = time.monotonic() + 120
-            while len(placed(read_metrics(run_dir))) < 3 and time.monotonic() < deadline:
-                time.sleep(0.2)
-            where = placed(read_metrics(run_dir))
-            nodes = {n.node_id: n for n in cluster.list_all_nodes()}
-            rank, node_id = next(
-                (r["rank"], r["node_id"]) for who, r in where.items()
-                if who.startswith("worker") and nodes[r["node_id"]] is not cluster.head_node
-            )  # fmt: skip
-            removed = nodes[node_id]
-            cluster.remove_node(removed, allow_graceful=False)
-            records = wait_for_metrics(
-                run_dir,
-                lambda r: r.get("event") == "placed" and r["rank"] == rank
-                and r["node_id"] != node_id,
-                timeout=180,
-            )  # fmt: skip
-            proc.send_signal(signal.SIGINT)
-            _, stderr = proc.communicate(timeout=60)
-        assert proc.returncode == 130, stderr
-        restart = next(r for r in records if r.get("event") == "restart")
-        assert restart["rank"] == rank and "its actor died" in restart["message"]
-    finally:  # the tests after this one keep a head and two worker nodes
-        if removed is None:
-            cluster.remove_node(spare)
 
 
 def test_sigint_stops_the_run_saves_a_checkpoint_and_leaves_no_actor(cluster, tmp_path):
