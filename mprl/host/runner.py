@@ -8,6 +8,7 @@ watching, and finish (summary, reporters, exit status).
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import threading
 from collections.abc import Iterator, Mapping, Sequence
@@ -35,13 +36,20 @@ from mprl.version import __version__
 
 #: what a Ctrl-C after the first says while a checkpoint is being saved
 WAITING = "mprl: saving the checkpoint; Ctrl-C again to exit without it"
+#: what a run started with SIGINT ignored (a background job of a script) says as it starts
+IGNORED_SIGINT = (
+    "mprl: SIGINT was ignored when the run started (as in a background job) and stays so: "
+    "Ctrl-C does not stop the run; SIGTERM does, cleanly (kill {pid})"
+)
 
 
 class _Signals:
     """First SIGINT / SIGTERM / SIGHUP asks for a clean stop; a second SIGINT forces a fast exit.
 
-    SIGHUP (the terminal was closed, an ssh session ended) is a stop like SIGTERM, exit 129;
-    under ``nohup`` (SIGHUP ignored when the run starts) it stays ignored, as asked.
+    SIGHUP (the terminal was closed, an ssh session ended) is a stop like SIGTERM, exit 129.
+    A SIGINT or SIGHUP ignored when the run starts stays ignored for the whole run, as asked:
+    SIGHUP under ``nohup``, SIGINT in a background job of a script (the shell's way to keep a
+    Ctrl-C at the terminal from reaching it); SIGTERM still stops the run cleanly (143).
 
     While a checkpoint is being saved (:meth:`saving`), a SIGINT after the first says that the
     run waits for it (:data:`WAITING`); one more asks to exit without it (:attr:`cut`): the
@@ -56,6 +64,8 @@ class _Signals:
         self.cut = False
         self._saving = False
         self._answered = False  # a Ctrl-C during this save was told it waits
+        #: the terminal's signals ignored when the run started, left so (:meth:`installed`)
+        self.kept: tuple[int, ...] = ()
 
     def handle(self, signum: int, frame: Any) -> None:
         if self.received is not None and signum == signal.SIGINT:
@@ -89,9 +99,11 @@ class _Signals:
         if threading.current_thread() is not threading.main_thread():
             yield self
             return
-        wanted = [signal.SIGINT, signal.SIGTERM]
-        if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:  # nohup: left ignored
-            wanted.append(signal.SIGHUP)
+        # nohup's SIGHUP, a background job's SIGINT: left ignored (Python, started with SIGINT
+        # ignored, keeps it so; nothing before the run puts in a handler for either then)
+        terminal = (signal.SIGINT, signal.SIGHUP)
+        self.kept = tuple(s for s in terminal if signal.getsignal(s) is signal.SIG_IGN)
+        wanted = [s for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP) if s not in self.kept]
         old = {s: signal.signal(s, self.handle) for s in wanted}
         try:
             yield self
@@ -135,7 +147,8 @@ def run(
     Everything is checked before any process starts (plugin, config, env id, action space,
     checkpoint, what the backend needs); a problem raises :class:`mprl.errors.UsageError`. A
     crashed child raises :class:`RunFailed` after every process has stopped. Ctrl-C / SIGTERM
-    stop the run cleanly and return a summary with ``status="interrupted"``.
+    stop the run cleanly and return a summary with ``status="interrupted"``; a SIGINT or
+    SIGHUP this process ignores when the run starts (a background job, ``nohup``) stays ignored.
     """
     check_mode(progress)
     pm = plugins or get_plugin_manager()
@@ -294,6 +307,8 @@ def _execute(
             f"{job.run.workers} workers"
         )
     display.start(f"{title} -> {monitor.rundir.path}")
+    if signal.SIGINT in signals.kept and display.mode != "none":  # (nohup says its own)
+        display.message(IGNORED_SIGINT.format(pid=os.getpid()))
     for note in notes:
         display.message(f"mprl: {note}")
     if plan.resume is not None:

@@ -211,6 +211,33 @@ def test_sighup_is_a_stop_unless_nohup_ignores_it():
         signal.signal(signal.SIGHUP, before)
 
 
+# SIGINT ignored when the run starts (a background job of a script) stays ignored, as nohup's
+# SIGHUP: the run is stopped by SIGTERM instead (the note it starts with says so)
+def test_sigint_ignored_when_the_run_starts_stays_ignored_and_sigterm_still_stops_it():
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+        signals = _Signals()
+        with signals.installed():
+            assert signals.kept == (signal.SIGINT,)
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+            assert signal.getsignal(signal.SIGTERM) == signals.handle
+            assert signal.getsignal(signal.SIGHUP) == signals.handle
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # and under nohup too
+        with (signals := _Signals()).installed():
+            assert signals.kept == (signal.SIGINT, signal.SIGHUP)
+            assert signal.getsignal(signal.SIGTERM) == signals.handle
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # in the foreground
+        with (signals := _Signals()).installed():
+            assert signals.kept == (signal.SIGHUP,)
+            assert signal.getsignal(signal.SIGINT) == signals.handle
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
 # after the first Ctrl-C, one while a checkpoint is saved is told it waits for it, one more
 # cuts it short; one when none is saved forces the exit, as before
 def test_a_ctrl_c_during_a_checkpoint_waits_for_it_and_one_more_cuts_it(capsys):
