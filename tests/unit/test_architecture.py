@@ -148,8 +148,22 @@ SEAM = {
 BACKEND_EXAMPLES = {REPO / "examples" / "mprl-threads" / "mprl_threads.py"}
 
 
+#: folders of build output (``pip install`` of an example leaves a copy of its sources in
+#: ``build/lib``, an old one after an edit): not sources
+BUILT = {"build", "dist", ".venv", "__pycache__"}
+
+
+def sources_in(folder: Path) -> list[Path]:
+    """The Python sources under ``folder``, build output left out."""
+    return [
+        path
+        for path in folder.rglob("*.py")
+        if not any(part in BUILT or part.endswith(".egg-info") for part in path.parts)
+    ]
+
+
 def test_plugins_and_examples_use_no_backend_and_no_shared_memory():
-    sources = [*(REPO / "plugins").rglob("*.py"), *(REPO / "examples").rglob("*.py")]
+    sources = [*sources_in(REPO / "plugins"), *sources_in(REPO / "examples")]
     assert len(sources) > 5 and set(sources) >= BACKEND_EXAMPLES
     for path in sources:
         text = path.read_text()
@@ -274,7 +288,7 @@ def test_plugins_and_examples_use_no_private_name_of_mprl():
     bad = "import torch\nfrom mprl.tools import report\nfrom mprl.tools.report import _x\n"
     bad += "report._y(torch._z)\n"
     assert private_uses(bad) == ["mprl.tools.report._x", "report._y"]
-    sources = [*(REPO / "plugins").rglob("*.py"), *(REPO / "examples").rglob("*.py")]
+    sources = [*sources_in(REPO / "plugins"), *sources_in(REPO / "examples")]
     assert REPO / "plugins" / "mprl_builtin" / "sweep" / "runner.py" in sources
     found = {str(p.relative_to(REPO)): private_uses(p.read_text()) for p in sources}
     assert {path: names for path, names in found.items() if names} == {}

@@ -10,11 +10,16 @@ from tests.conftest import (
     cli_here,
 )
 
+#: the installed plugins a message lists: the built-ins and this suite's, in order, with any
+#: others installed beside them (the examples, a user's, a broken one) in their places
+BUILT_IN = ("a3c", "docs-dqn", "dqn", "impala", "ippo", "mappo", "ppo", "probe", "sac")
+LISTED = "installed: " + ", ".join(rf"(?:[\w.-]+, )*?{re.escape(n)}" for n in BUILT_IN) + r"\b"
+
 
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--plugin", "nope"], r"unknown plugin/algorithm 'nope'; installed: a3c, docs-dqn, dqn, impala, ippo, mappo, ppo, probe, sac"),
+        (["--plugin", "nope"], r"unknown plugin/algorithm 'nope'; " + LISTED),
         (["--plugin", "a3c", "--env", "NoSuchEnv-v3"], r"unknown gymnasium environment 'NoSuchEnv-v3'"),
         (["--plugin", "a3c", "--env", "Switches-v0"], r"'a3c' does not support the action space of 'Switches-v0' \(MultiBinary\); it supports: Discrete, Box"),
         (["--plugin", "a3c", "--set", "lr=-1"], r"a3c config: field 'lr': 'lr' must be > 0.0: -1.0"),
@@ -24,7 +29,7 @@ from tests.conftest import (
         (["--plugin", "a3c", "--workers", "two"], r"run option: field 'workers' expects int, got 'two'"),
         (["--plugin", "broken"], r"entry point broken = mprl_brokenplugin in distribution mprl-brokenplugin 0.1.0\) failed to import: ImportError: needs the frobnicator"),
         (["--plugin", "a3c", "-p", "no:a3c"], r"plugin 'a3c' is blocked"),
-        ([], r"run needs --plugin NAME \(or --resume RUN_DIR\); installed: a3c, docs-dqn, dqn, impala, ippo, mappo, ppo, probe, sac"),
+        ([], r"run needs --plugin NAME \(or --resume RUN_DIR\); " + LISTED),
         # the second fault matrix, case 9: values that crashed a run or a worker
         (["--plugin", "a3c", "--seed", "18446744073709551616"], r"field 'seed': 'seed' must be <= 4294967295"),
         (["--plugin", "a3c", "--seed", "1e30"], r"field 'seed' expects int, got 1e\+30"),
