@@ -52,6 +52,7 @@ def pytest_configure(config: pytest.Config) -> None:
     first run that stops a Manager server started from here (the server inherits the directory
     and the run removes its server's ``pymp-*`` directory), under every later test's feet."""
     torch.set_num_threads(1)
+    _children_start_with_default_signals()
     main_tmp = tempfile.mkdtemp(prefix="mprlt-main-")
     multiprocessing.process.current_process()._config["tempdir"] = main_tmp  # type: ignore[attr-defined]
     config.add_cleanup(lambda: shutil.rmtree(main_tmp, ignore_errors=True))
@@ -59,6 +60,35 @@ def pytest_configure(config: pytest.Config) -> None:
     # so a unit test that draws (mprl report) starts no process on a machine without the cache
     with contextlib.suppress(ImportError):
         import matplotlib.font_manager  # noqa: F401
+
+
+#: the signals the tests send to what they start (and the terminal's others): each is at its
+#: default there, however the suite was started (``nohup`` ignores SIGHUP, a background job of a
+#: script SIGINT and SIGQUIT), so a test does the same in the foreground, under ``nohup`` and in
+#: the background; a run started with one ignored is a test's own choice (``preexec_fn``)
+TEST_SIGNALS = (signal.SIGINT, signal.SIGHUP, signal.SIGTERM, signal.SIGQUIT, signal.SIGTSTP)
+#: the names of the signals the suite was started ignoring, for its pytest-xdist workers
+SUITE_IGNORES = "MPRL_TESTS_IGNORE"
+
+
+def _ignored_by_the_suite(signum: int, frame: Any) -> None:
+    """What the suite's own processes do with a signal they were started ignoring: nothing."""
+
+
+def _children_start_with_default_signals() -> None:
+    """A signal ignored when the suite started stays ignored by the suite's own processes
+    (pytest, and its pytest-xdist workers, told through :data:`SUITE_IGNORES`: they start with
+    it at its default), by a handler that does nothing instead of ``SIG_IGN``: a program that a
+    process starts (``execve``) inherits an ignored signal, but a handled one is at its default
+    there. So every process a test starts, and every in-process run, sees each of
+    :data:`TEST_SIGNALS` as in a suite started in the foreground."""
+    noted = set(filter(None, os.environ.get(SUITE_IGNORES, "").split(",")))
+    for sig in TEST_SIGNALS:
+        if signal.getsignal(sig) is signal.SIG_IGN or sig.name in noted:
+            signal.signal(sig, _ignored_by_the_suite)
+            noted.add(sig.name)
+    if noted:
+        os.environ[SUITE_IGNORES] = ",".join(sorted(noted))
 
 
 def main_listeners() -> set[str]:
@@ -74,6 +104,7 @@ def main_listeners() -> set[str]:
 LONGEST = {
     HERE / "slow" / "ray_cluster" / "test_runs.py",
     HERE / "slow" / "ray_cluster" / "test_faults.py",
+    HERE / "slow" / "ray_cluster" / "test_faults_nodes.py",
 }
 
 
@@ -182,16 +213,19 @@ def cli(
     cwd: Path | None = None,
     stdin: str | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """Run ``python -m mprl ARGS`` like a user would (typing ``stdin``, if given)."""
-    return subprocess.run(
+    """Run ``python -m mprl ARGS`` like a user would (typing ``stdin``, if given); what it
+    started ends with it (:func:`end`), also when it runs past ``timeout``."""
+    proc = subprocess.Popen(
         [sys.executable, "-m", "mprl", *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, **(env or {})},
-        cwd=cwd,
-    )
+        stdin=subprocess.PIPE if stdin is not None else None,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, **(env or {})}, cwd=cwd, **own_group(),
+    )  # fmt: skip
+    try:
+        stdout, stderr = proc.communicate(stdin, timeout=timeout)
+    finally:
+        end(proc)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
 
 
 def cli_here(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
@@ -205,17 +239,77 @@ def cli_here(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
 
 @contextlib.contextmanager
 def running(args: list[str], **kw: Any) -> Iterator[subprocess.Popen[str]]:
-    """``python -m mprl run ARGS`` in the background, killed if the test ends before it does."""
+    """``python -m mprl run ARGS`` in the background, in a process group of its own: what it
+    started ends with the test (:func:`end`), whichever way the test ends."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "mprl", "run", *args],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **own_group(**kw),
     )  # fmt: skip
     try:
         yield proc
     finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.communicate()
+        end(proc)
+
+
+def own_group(**kw: Any) -> dict[str, Any]:
+    """``Popen`` keywords ``kw`` with the process started in a process group of its own (the
+    group :func:`end` ends), in the session of the tests: a Ctrl-C or hang-up meant for the
+    suite's terminal does not reach it, and a Ctrl-Z stops it as it stops a shell's job."""
+    if sys.version_info >= (3, 11):
+        return {**kw, "process_group": 0}
+    first = kw.get("preexec_fn")
+
+    def setpgrp_first() -> None:
+        os.setpgrp()
+        if first is not None:
+            first()
+
+    return {**kw, "preexec_fn": setpgrp_first}
+
+
+#: how long what a killed process started gets to end by itself before it is killed too: a run's
+#: children end with their parent, and its resource tracker removes the run's semaphores first
+END_GRACE_S = 10
+
+
+def end(proc: subprocess.Popen[Any], grace: float = END_GRACE_S) -> None:
+    """End ``proc``, started in a process group of its own (:func:`own_group`, or a session of
+    its own), and what it started there, whichever way the test ends: ``proc`` killed if it
+    still runs, and reaped (its pipes read to the end). What of its group is still alive after
+    ``grace`` s is killed too, resource trackers last (they remove the semaphores of what they
+    served once it is gone). Nothing is waited for when nothing is left."""
+    if proc.poll() is None:
+        proc.kill()
+    deadline = time.monotonic() + grace
+    with contextlib.suppress(subprocess.TimeoutExpired):  # its pipes held by another
+        proc.communicate(timeout=grace)
+    while group_members(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for pid in _non_tracker(group_members(proc.pid)):
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while group_members(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if group_members(proc.pid):  # (a group with a live member keeps its id: none other is hit)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate()
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live processes of process group ``pgid`` (read from /proc, zombies excluded)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            out.append(int(entry.name))
+    return out
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:

@@ -22,6 +22,7 @@ from tests.conftest import (
     cli,
     cli_here,
     comm,
+    end,
     read_metrics,
     running,
     wait_for_children,
@@ -129,9 +130,7 @@ def test_sigterm_to_the_group_while_the_manager_starts_is_a_clean_stop(installed
         os.killpg(proc.pid, signal.SIGTERM)  # what systemd and Slurm do
         _, stderr = proc.communicate(timeout=60)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+        end(proc)
     assert proc.returncode == 143, stderr
     assert "Traceback" not in stderr and "EOFError" not in stderr
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -159,9 +158,7 @@ def test_a_signal_while_the_main_process_imports_ends_it_with_nothing_left(
         os.killpg(proc.pid, sig)
         _, stderr = proc.communicate(timeout=60)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+        end(proc)
     marks = [json.loads(line)["mark"] for line in timeline.read_text().splitlines()]
     assert marks == ["forkserver"]  # it ended before the CLI had imported what it needs
     assert proc.returncode == 128 + sig, stderr

@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,10 +27,13 @@ from pathlib import Path
 import pytest
 
 from mprl.host import checkpoint
+from mprl.host.runner import IGNORED_SIGINT
 from tests.conftest import (
     alive,
     child_pids,
     clean_stderr,
+    end,
+    own_group,
     read_metrics,
     running,
     stepped,
@@ -85,13 +89,13 @@ def in_namespace(
     script = NAMESPACED.replace("$MNT", str(mount_at)).replace("$OUT", str(out))
     cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh"]
     cmd += [str(mount_at), size, "-", sys.executable, "-m", "mprl", "run", *args]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **own_group()
+    )
     try:
         yield proc
     finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.communicate()
+        end(proc)
 
 
 def python_in(shell: subprocess.Popen[str]) -> int:
@@ -280,6 +284,62 @@ def test_sighup_is_a_clean_stop_with_a_final_checkpoint(installed, run_dir):
     assert data["env_steps"] == summary["env_steps"] == summary["checkpoint"]["env_steps"]
 
 
+# a run started with SIGINT ignored (`mprl run ... &` in a script: a shell without job control
+# ignores SIGINT in a background job, so that a Ctrl-C at the terminal does not reach it) keeps it
+# ignored for the whole run, as nohup's SIGHUP: a SIGINT at each stage the run passes, from the
+# forkserver's start while the CLI imports to the children stepping, is nothing; SIGTERM stops it
+# cleanly, with its final checkpoint
+def test_a_run_started_with_sigint_ignored_ignores_it_throughout_and_stops_on_sigterm(
+    installed, tmp_path
+):
+    run_dir, timeline = tmp_path / "run", tmp_path / "timeline.jsonl"
+
+    def background_job() -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    def marks() -> list[str]:  # (the lines written whole)
+        text = timeline.read_text() if timeline.exists() else ""
+        return [json.loads(line)["mark"] for line in text[: text.rfind("\n") + 1].splitlines()]
+
+    args = probe(run_dir, "step_sleep=0.002", workers=2)
+    args.remove("--quiet")  # the line it starts with
+    env = {**os.environ, "MPRL_TIMELINE": str(timeline)}
+    sent: list[set[str]] = []  # the marks passed when each SIGINT came
+    with running(args, preexec_fn=background_job, env=env) as proc:
+        while proc.poll() is None and not any(map(stepped, read_metrics(run_dir))):
+            passed = set(marks())
+            if passed and (not sent or passed != sent[-1]):
+                os.killpg(proc.pid, signal.SIGINT)  # a Ctrl-C at the terminal: the whole group
+                sent.append(passed)
+            time.sleep(0.005)
+        assert proc.poll() is None, proc.communicate()  # (a SIGINT stopped it)
+        step = max(r.get("step", 0) for r in read_metrics(run_dir))
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.send_signal(signal.SIGINT)
+        # the run goes on: an ignored signal is dropped as it is sent, and a handled one
+        # would have been recorded as the run's first (the summary's signal)
+        wait_until(
+            lambda: (
+                proc.poll() is not None
+                or any(r.get("step", 0) > step for r in read_metrics(run_dir))
+            ),
+            "steps after the SIGINT",
+        )
+        assert proc.poll() is None, proc.communicate()
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=60)
+    assert sent and "prepared" not in sent[0], sent  # one came while the CLI started
+    assert proc.returncode == 143, stderr
+    assert stderr.count(IGNORED_SIGINT.format(pid=proc.pid)) == 1, stderr
+    clean_stderr(stderr)
+    assert "Traceback" not in stderr, stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["signal"] == signal.SIGTERM
+    assert summary["stop_reason"] == "SIGTERM" and not summary["failures"]
+    _, data = checkpoint.load(run_dir)  # the final checkpoint holds every step
+    assert data["env_steps"] == summary["env_steps"] == summary["checkpoint"]["env_steps"]
+
+
 # 4 and 16: the terminal of the shell the run was started from is closed: the shell gets SIGHUP
 # and ends, and the kernel sends SIGHUP to every process of the terminal's foreground group (the
 # run's children and its Manager server too); every later write to the terminal fails (EIO)
@@ -312,21 +372,19 @@ def test_a_closed_terminal_stops_the_run_cleanly(installed, run_dir):
 
     reader = threading.Thread(target=drain, daemon=True)
     reader.start()
-    try:
-        wait_for_metrics(run_dir, stepped)
-        wait_until(lambda: b"env steps" in b"".join(shown), "the live panel")
-        (main,) = [p for p in child_pids(shell.pid) if _argv(p)[1:3] == [b"-m", b"mprl"]]
-    finally:
-        done.set()
-        reader.join()
-        os.close(master)  # the terminal is closed (hung up)
+    try:  # the shell's session, the run in it, ends with the test (a failing one too)
         try:
-            shell.wait(timeout=60)
+            wait_for_metrics(run_dir, stepped)
+            wait_until(lambda: b"env steps" in b"".join(shown), "the live panel")
+            (main,) = [p for p in child_pids(shell.pid) if _argv(p)[1:3] == [b"-m", b"mprl"]]
         finally:
-            if shell.poll() is None:
-                shell.kill()
-                shell.wait()
-    wait_until(lambda: not alive(main), "the end of the run")  # not the shell's any more
+            done.set()
+            reader.join()
+            os.close(master)  # the terminal is closed (hung up)
+        shell.wait(timeout=60)
+        wait_until(lambda: not alive(main), "the end of the run")  # not the shell's any more
+    finally:
+        end(shell)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "interrupted" and summary["signal"] == signal.SIGHUP
     assert summary["exit_code"] == 129
@@ -349,7 +407,9 @@ def _argv(pid: int) -> list[bytes]:
 def test_a_closed_output_pipe_does_not_end_the_run(installed, run_dir):
     args = [sys.executable, "-m", "mprl", "run", *probe(run_dir, "step_sleep=0.002")]
     args.remove("--quiet")  # plain progress lines on the pipe
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **own_group()
+    )
     try:
         assert proc.stdout is not None
         first = proc.stdout.readline()  # the title; then the reader goes away
@@ -362,9 +422,7 @@ def test_a_closed_output_pipe_does_not_end_the_run(installed, run_dir):
         proc.send_signal(signal.SIGINT)  # the stop writes its last progress line, and more
         proc.wait(timeout=60)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        end(proc)
     assert proc.returncode == 130
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "interrupted"

@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 
-from tests.conftest import cli, read_metrics, wait_until
+from tests.conftest import cli, end, own_group, read_metrics, wait_until
 
 TINY = ["--plugin", "a3c", "--workers", "1"]
 
@@ -59,7 +59,7 @@ def test_a_sweep_stopped_with_sigint_resumes_where_it_was(tmp_path):
     args = ["sweep", *TINY, "--total-steps", "20000", "--grid", "lr=1e-3,3e-4", "--seeds", "1", "--parallel", "1",
             "--sweep-dir", str(root)]  # fmt: skip
     proc = subprocess.Popen([sys.executable, "-m", "mprl", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+                            stderr=subprocess.PIPE, text=True, **own_group())  # fmt: skip
     first, second = root / "trials" / "lr=1e-3-seed0", root / "trials" / "lr=3e-4-seed0"
     try:
         wait_until(lambda: (first / "summary.json").exists(), "the first run's summary", 90)
@@ -68,9 +68,7 @@ def test_a_sweep_stopped_with_sigint_resumes_where_it_was(tmp_path):
         proc.send_signal(signal.SIGINT)
         err = proc.communicate(timeout=60)[1]
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+        end(proc)
     assert proc.returncode == 130, err
     assert f"continue with: python -m mprl sweep --resume {root}" in err
     assert not (second / "summary.json").exists() or summary(second)["status"] == "interrupted"

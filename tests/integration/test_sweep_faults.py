@@ -19,7 +19,16 @@ import pytest
 
 from mprl.host.plugins import get_plugin_manager
 from mprl_builtin.sweep import spec as sweep_spec
-from tests.conftest import alive, cli, cli_here, read_metrics, stepped, wait_until
+from tests.conftest import (
+    alive,
+    cli,
+    cli_here,
+    end,
+    own_group,
+    read_metrics,
+    stepped,
+    wait_until,
+)
 
 BASE = "base-seed0"
 
@@ -152,14 +161,13 @@ def test_a_garbage_optuna_db_is_one_line_naming_it(tmp_path, capsys):
 
 @contextlib.contextmanager
 def popen(args: list[str], **kw) -> Iterator[subprocess.Popen[str]]:
-    """``python -m mprl ARGS`` in the background, killed if the test ends before it does."""
-    proc = subprocess.Popen([sys.executable, "-m", "mprl", *args], text=True, **kw)
+    """``python -m mprl ARGS`` in the background, in a process group of its own: what it
+    started there ends with the test (:func:`tests.conftest.end`)."""
+    proc = subprocess.Popen([sys.executable, "-m", "mprl", *args], text=True, **own_group(**kw))
     try:
         yield proc
     finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
+        end(proc)
 
 
 @pytest.mark.usefixtures("installed")
