@@ -11,6 +11,10 @@ a config file or a resumed run may name another backend than the command line.
 An early start is a function ``start(command) -> handle | None`` (:class:`Command`); its handle
 has ``stop()``. The seam names no backend: a third-party backend registers its own the same way.
 This module imports nothing of torch, and neither may an early start before it has started.
+
+A Ctrl-C while the command starts (these imports: Ray, torch, the CLI) is this module's to act
+on too (:func:`guard_interrupts`): Python would raise ``KeyboardInterrupt`` wherever it finds
+the main thread, a traceback out of an import; the command ends as interrupted instead.
 """
 
 from __future__ import annotations
@@ -18,8 +22,10 @@ from __future__ import annotations
 import atexit
 import contextlib
 import importlib.metadata as md
+import os
 import signal
-from collections.abc import Mapping, Sequence
+import sys
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -90,14 +96,17 @@ def start_early(argv: Sequence[str]) -> str | None:
     if command is None:
         return None
     for entry in md.entry_points(group=GROUP):
-        try:
-            handle = entry.load()(command)
-        except Exception:  # the backend says what is wrong when the run starts it for real
-            continue
-        if handle is not None:
-            _started[entry.name] = handle
-            atexit.register(stop_unclaimed)
-            return entry.name
+        # a Ctrl-C (SIGTERM, SIGHUP) meanwhile is acted on once what it started is known here,
+        # and so stopped on the exit it asks for (a Ray starting in a thread)
+        with _signals_held():
+            try:
+                handle = entry.load()(command)
+            except Exception:  # the backend says what is wrong when the run starts it for real
+                continue
+            if handle is not None:
+                _started[entry.name] = handle
+                atexit.register(stop_unclaimed)
+                return entry.name
     return None
 
 
@@ -131,4 +140,101 @@ def exit_on_terminate() -> None:
 
 
 def _exit_on(signum: int, frame: Any) -> None:
+    if _held is not None:
+        _held.append(signum)
+        return
     raise SystemExit(128 + signum)
+
+
+# -- Ctrl-C while the command starts ---------------------------------------------------------
+
+#: the phases of ``python -m mprl`` for a Ctrl-C (:func:`guard_interrupts`); ``None``: not
+#: guarded (SIGINT ignored when it started, or :func:`mprl.tools.cli.main` called in-process)
+STARTING, MAIN, EXITING = "starting", "main", "exiting"
+_phase: str | None = None
+#: signals that came while an early start ran, acted on after it (:func:`_signals_held`)
+_held: list[int] | None = None
+INTERRUPTED = "mprl: interrupted"
+#: what the second Ctrl-C since the exit began says: it ends the process at once (what was
+#: started ahead may be left)
+FORCED = "mprl: forced exit (Ctrl-C while exiting)"
+_exit_interrupts = 0  # Ctrl-Cs since the exit began
+
+
+def guard_interrupts(interrupted: bool = False) -> None:
+    """``python -m mprl``'s first act, SIGINT being at Python's default (an ignored SIGINT, as
+    in a background job, stays ignored: not called). Until :func:`mprl.tools.cli.main` takes
+    over (:func:`entering_main`), a Ctrl-C ends the command as interrupted: the last line says
+    so (:data:`INTERRUPTED`), the exit code is 130 and what was started ahead is stopped as on
+    any exit (its ``atexit`` functions run), with no traceback out of an import. Once ``main()``
+    has returned (:func:`leaving_main`), or that Ctrl-C came, one more lets the exit go on (it
+    may be stopping a Ray started ahead, whose processes keep the terminal's signals blocked),
+    and a further one forces it (:data:`FORCED`: an exit that does not end). ``interrupted``: a
+    Ctrl-C came already, while ``mprl`` itself imported."""
+    global _phase
+    _phase = STARTING
+    signal.signal(signal.SIGINT, _on_sigint)
+    if interrupted:
+        _on_sigint(signal.SIGINT, None)
+
+
+def entering_main() -> None:
+    """From here on (``main()``'s first act) a Ctrl-C is a ``KeyboardInterrupt``, ``main()``'s
+    to handle (once: the exit it asks for begins with it). One that came before and whose exit
+    something swallowed ends the command now."""
+    global _phase
+    if _phase == STARTING:
+        _phase = MAIN
+    elif _phase == EXITING:
+        raise SystemExit(130)
+
+
+def leaving_main() -> None:
+    """``main()`` has returned (or raised): a Ctrl-C from here on lets the exit go on."""
+    global _phase
+    if _phase is not None:
+        _phase = EXITING
+
+
+def _on_sigint(signum: int, frame: Any) -> None:
+    global _phase, _exit_interrupts
+    if _held is not None:
+        _held.append(signum)
+    elif _phase == MAIN:  # main() ends on it (no one else catches it): its exit begins
+        _phase = EXITING
+        signal.default_int_handler(signum, frame)  # KeyboardInterrupt
+    elif _phase == STARTING:
+        _phase = EXITING
+        _say(INTERRUPTED)
+        raise SystemExit(130)
+    elif _phase == EXITING:  # the first lets the exit go on; one more forces it
+        _exit_interrupts += 1
+        if _exit_interrupts > 1:
+            _say(FORCED)
+            os._exit(130)
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """SIGINT (and SIGTERM, SIGHUP where :func:`exit_on_terminate` put its handler in) acted
+    on after the block, not in it: what it starts is registered to be stopped first."""
+    global _held
+    _held = []
+    try:
+        yield
+    finally:
+        held, _held = _held, None
+    if held:
+        handler = signal.getsignal(held[0])
+        if callable(handler):
+            handler(held[0], None)
+
+
+def _say(line: str) -> None:
+    """``line`` on stderr from a signal handler (which may have come while stderr was being
+    written: then past its buffer)."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except RuntimeError:  # reentrant call
+        with contextlib.suppress(OSError):
+            os.write(2, (line + "\n").encode())

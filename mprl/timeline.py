@@ -7,9 +7,10 @@ children, a Ray actor on this machine) appends one JSON line to ``FILE`` as it p
 and nothing is written.
 
 The marks, in the order a run passes them: ``forkserver`` (``python -m mprl run`` started its
-children's server, pid ``server``), ``ray-started`` (a Ray on this machine answers, started by
-``thread``: ``mprl-ray-start`` when ``python -m mprl run --backend ray`` started it as its first
-act; it may come after ``main`` and ``plugins``), ``main`` (the CLI's imports done), ``plugins``
+children's server, pid ``server``), ``ray-starting`` (``python -m mprl run --backend ray``
+began to start a Ray on this machine, in a thread, as its first act), ``ray-started`` (a Ray
+on this machine answers, started by ``thread``: ``mprl-ray-start`` when it was started ahead;
+it may come after ``main`` and ``plugins``), ``main`` (the CLI's imports done), ``plugins``
 (plugins discovered), ``prepared`` (job and backend prepared), ``manager`` (a Manager server
 answers), ``state`` (shared state built), ``launch`` (a child started, ``source``), ``child-
 main`` and ``child-ready`` (in the child: its entry, then seeded and about to run the plugin's

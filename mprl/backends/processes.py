@@ -16,6 +16,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from multiprocessing import resource_tracker
 from multiprocessing.managers import SyncManager
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,11 @@ def child_environment(threads: int) -> Iterator[None]:
     KeyboardInterrupt traceback there, and a SIGTERM to the process group cannot kill the
     Manager server before it answers; the main process gets them once starting is over.
     """
+    # multiprocessing's resource tracker, started with the first child, unblocks SIGINT and
+    # SIGTERM once it has started (SIG_UNBLOCK, not the mask it found): started before they
+    # are blocked, or the child after it (the forkserver) would start with them unblocked, and
+    # a Ctrl-C would kill it in its imports ("Fatal Python error: init_import_site")
+    resource_tracker.ensure_running()
     saved = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
     for key in saved:
         os.environ.setdefault(key, str(threads))

@@ -160,9 +160,9 @@ def run(
     _check_evaluation(plan)
     backend = pm.backend(plan.job.run.backend)
     notes = backend.prepare(plan.job)
-    stop_unused_starts()
-    mark("prepared")
     with contextlib.closing(backend):  # what prepare() opened (a cluster connection)
+        stop_unused_starts()
+        mark("prepared")
         return _run_prepared(plan, backend, notes, run_dir, progress, pm)
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import attrs
 
+from mprl import startup
 from mprl.deprecated import MprlDeprecationWarning
 from mprl.errors import RunFailed, UsageError
 from mprl.host.config import describe_fields, load_toml, parse_assignments, parse_value
@@ -504,9 +505,12 @@ def _show_deprecations() -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    mark("main")
-    _show_deprecations()
     try:
+        # a Ctrl-C from here on is a KeyboardInterrupt, said below (before: `python -m mprl`
+        # ends as interrupted, mprl.startup.guard_interrupts)
+        startup.entering_main()
+        mark("main")
+        _show_deprecations()
         pm = _plugins_for(argv)
         mark("plugins")
         parser = _parser(pm)
@@ -533,5 +537,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"mprl: error: {text}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
-        print("mprl: interrupted", file=sys.stderr)
+        startup.leaving_main()  # one more Ctrl-C: the exit goes on
+        print(startup.INTERRUPTED, file=sys.stderr)
         return 130
+    finally:
+        startup.leaving_main()

@@ -2,7 +2,8 @@
 loads no torch, so ``python -m mprl run`` starts its children's forkserver before it imports
 torch; mprl's Adam is built and used without ``torch._dynamo``; the run's timeline marks come
 in order from every process; and a forkserver started early for a run that does not use it is
-stopped as soon as the run's backend is known."""
+stopped as soon as the run's backend is known; a Ctrl-C while the command imports ends it as
+interrupted, with nothing left."""
 
 from __future__ import annotations
 
@@ -113,6 +114,43 @@ def test_a_command_refused_before_its_run_stops_the_early_server_as_it_exits(tmp
     assert done.returncode == 2 and "unknown plugin/algorithm 'nosuch'" in done.stderr
     (server,) = [m["server"] for m in _marks(timeline) if m["mark"] == "forkserver"]
     assert not alive(server)  # gone with the command: nothing of it outlives exit 2
+
+
+def _default_terminal_signals() -> None:
+    """A Ctrl-C and a hang-up at their defaults in the command, however the suite was started
+    (``nohup``, a background job of a script: ignored there, and so in what it starts)."""
+    for sig in (signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+
+
+def test_a_ctrl_c_while_the_command_imports_ends_it_as_interrupted_with_nothing_left(tmp_path):
+    """A Ctrl-C to the command's group once its forkserver has started ahead, while it imports
+    torch and the CLI: no KeyboardInterrupt traceback out of an import, one line, exit 130;
+    the server is stopped as on any exit (the leftover check: no process, no temp dir)."""
+    timeline, run_dir = tmp_path / "timeline.jsonl", tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mprl", "run", "--plugin", "a3c", "--workers", "1", "--quiet",
+         "--total-steps", "10000000", "--run-dir", str(run_dir)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        preexec_fn=_default_terminal_signals, env={**os.environ, "MPRL_TIMELINE": str(timeline)},
+    )  # fmt: skip
+    try:
+        wait_until(  # the server's mark written whole: the CLI's imports have begun
+            lambda: timeline.exists() and timeline.read_text().endswith("\n"),
+            "the forkserver's mark",
+            timeout=60,
+        )
+        os.killpg(proc.pid, signal.SIGINT)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    marks = _marks(timeline)
+    assert [m["mark"] for m in marks] == ["forkserver"]  # it ended before the CLI's imports did
+    assert proc.returncode == 130, stderr
+    assert stderr == "mprl: interrupted\n", stderr  # no traceback
+    assert not alive(marks[0]["server"]) and not run_dir.exists()
 
 
 def test_a_spawned_manager_server_loads_no_torch():

@@ -7,6 +7,7 @@ else."""
 from __future__ import annotations
 
 import importlib.metadata as md
+import signal
 
 import pytest
 
@@ -114,3 +115,78 @@ def test_a_run_that_joins_a_cluster_or_runs_elsewhere_starts_no_ray_ahead(argv, 
 def test_rays_address_in_the_environment_starts_no_ray_ahead(monkeypatch):
     monkeypatch.setenv("RAY_ADDRESS", "10.0.0.5:6379")
     assert wants_embedded(["run", "--backend", "ray"]) is None
+
+
+# a Ctrl-C while `python -m mprl` starts: its handler (mprl.startup.guard_interrupts), called
+# here as the signal would call it
+
+
+def test_a_ctrl_c_before_main_ends_the_command_as_interrupted_and_one_after_is_main_s(
+    monkeypatch, capsys
+):
+    forced = []
+    monkeypatch.setattr(startup.os, "_exit", forced.append)
+    monkeypatch.setattr(startup, "_exit_interrupts", 0)
+    monkeypatch.setattr(startup, "_phase", startup.STARTING)
+    with pytest.raises(SystemExit) as ended:  # no traceback: the command exits, atexit runs
+        startup._on_sigint(signal.SIGINT, None)
+    assert ended.value.code == 130 and capsys.readouterr().err == "mprl: interrupted\n"
+    startup._on_sigint(signal.SIGINT, None)  # one more while it exits: the exit goes on
+    assert forced == [] and capsys.readouterr().err == ""
+    with pytest.raises(SystemExit):  # an exit that an import swallowed: main() ends it
+        startup.entering_main()
+    startup._on_sigint(signal.SIGINT, None)  # and one more forces it
+    assert forced == [130] and capsys.readouterr().err == f"{startup.FORCED}\n"
+
+    monkeypatch.setattr(startup, "_exit_interrupts", 0)
+    monkeypatch.setattr(startup, "_phase", startup.STARTING)
+    startup.entering_main()
+    with pytest.raises(KeyboardInterrupt):  # main()'s to say, once: its exit begins
+        startup._on_sigint(signal.SIGINT, None)
+    startup._on_sigint(signal.SIGINT, None)  # while main() stops what it started: goes on
+    startup.leaving_main()
+    assert forced == [130] and capsys.readouterr().err == ""
+
+    monkeypatch.setattr(startup, "_exit_interrupts", 0)
+    monkeypatch.setattr(startup, "_phase", startup.MAIN)
+    startup.leaving_main()
+    startup._on_sigint(signal.SIGINT, None)  # main() has returned: the exit goes on
+    assert forced == [130] and capsys.readouterr().err == ""
+
+
+def test_a_ctrl_c_during_an_early_start_comes_once_what_it_started_is_to_be_stopped(
+    monkeypatch, capsys
+):
+    """The Ctrl-C comes while the early start runs (after its thread started Ray): it is acted
+    on once the handle is registered, so the exit it asks for stops what was started."""
+    started = []
+
+    class Handle:
+        def stop(self) -> None:
+            started.remove(self)
+
+    def start(command):
+        started.append(Handle())
+        startup._on_sigint(signal.SIGINT, None)  # (the signal, as it comes)
+        return started[-1]
+
+    class Entry:
+        name = "fake"
+
+        def load(self):
+            return start
+
+    monkeypatch.setattr(startup.md, "entry_points", lambda group: [Entry()])
+    monkeypatch.setattr(startup, "_phase", startup.STARTING)
+    monkeypatch.setattr(startup, "_started", {})
+    monkeypatch.setattr(startup.atexit, "register", lambda f: None)
+    old = signal.signal(signal.SIGINT, startup._on_sigint)
+    try:
+        with pytest.raises(SystemExit) as ended:
+            startup.start_early(["run", "--plugin", "a3c"])
+    finally:
+        signal.signal(signal.SIGINT, old)
+    assert ended.value.code == 130 and capsys.readouterr().err == "mprl: interrupted\n"
+    assert list(startup._started) == ["fake"]  # registered: stopped at exit
+    startup.stop_unclaimed()
+    assert started == []

@@ -75,6 +75,7 @@ class RayBackend(base.Backend):
         self.connected = False  # this run started or joined Ray, and leaves it in close()
         self.session: Path | None = None  # an embedded Ray's, removed unless the run failed
         self.failed = False  # the run failed (or raised): its Ray's logs are kept
+        self.embedded = False  # the Ray it runs on started on this machine for it
 
     def prepare(self, job: Job) -> list[str]:
         """Refuse what cannot run across machines, before anything starts: Ray missing,
@@ -109,15 +110,18 @@ class RayBackend(base.Backend):
             )
             if not address:  # every actor on this machine, and Ray's own processes
                 notes = check_memory(len(job.roles()) + RAY_PROCESSES, None, _state_bytes(job))
-            self.connected = True
+            self.connected, self.embedded = True, not address
             try:  # a Ctrl-C while Ray starts comes once it has started: it is stopped again
                 self.session = cluster.connect(address, _cpus_needed(job))
             except BaseException:
                 self.close()
                 raise
-        if reason := cluster.too_big(_resources_needed(job)):
+        try:  # (a Ctrl-C meanwhile too: what connect() opened is closed)
+            if reason := cluster.too_big(_resources_needed(job)):
+                raise UsageError(reason)
+        except BaseException:
             self.close()
-            raise UsageError(reason)
+            raise
         return notes
 
     def execute(self, job: Job, monitor: Monitor) -> Outcome:
@@ -132,9 +136,12 @@ class RayBackend(base.Backend):
         if not self.connected:  # the caller's session stays as it was
             return
         self.connected = False
+        session = self.session
+        if session is None and self.embedded:  # a Ctrl-C came before connect() handed it over
+            session = ray_start.session_dir()
         ray.shutdown()  # a runtime this run started stops; a cluster stays up
-        if self.session is not None and not self.failed:
-            ray_start.remove_session(self.session)
+        if session is not None and not self.failed:
+            ray_start.remove_session(session)
 
 
 def _state_bytes(job: Job) -> int:

@@ -45,7 +45,14 @@ def start_here(cpus_needed: float) -> Path | None:
             **QUIET,
         )
     mark("ray-started", thread=threading.current_thread().name)
-    with contextlib.suppress(Exception):  # Ray's logs of this run: removed unless it fails
+    return session_dir()  # Ray's logs of this run: removed unless it fails
+
+
+def session_dir() -> Path | None:
+    """The session directory (the logs) of the Ray this process runs on, when Ray says it."""
+    import ray
+
+    with contextlib.suppress(Exception):
         node = ray._private.worker._global_node  # no public accessor
         return Path(node.get_session_dir_path())
     return None
@@ -93,6 +100,7 @@ class EarlyRay:
 
         threading.Thread(target=self._start, args=(cpus,), name="mprl-ray-start",
                          daemon=True).start()  # fmt: skip
+        mark("ray-starting")
 
     def _start(self, cpus: float) -> None:
         try:
@@ -110,11 +118,11 @@ class EarlyRay:
         try:
             while not self.started.wait(0.1):  # a Ctrl-C comes between two waits
                 pass
+            return self.out[0]  # (one just as it ends, too)
         except KeyboardInterrupt:
             self.started.wait()
             self.stop()
             raise
-        return self.out[0]
 
     def stop(self) -> None:
         """Stop the Ray it started (once started), and remove its logs."""

@@ -168,12 +168,26 @@ def test_a_ray_started_ahead_for_a_command_refused_before_its_run_stops_as_it_ex
     # its Ray's processes: the leftover check finds any of them by the test's mark
 
 
+def _default_terminal_signals() -> None:
+    """A Ctrl-C and a hang-up at their defaults in the command, however the suite was started
+    (``nohup``, a background job of a script: ignored there, and so in what it starts)."""
+    for sig in (signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+
+
+#: the moments of a Ctrl-C while Ray starts ahead of the run, by the command's timeline: its
+#: Ray starting in a thread while it imports Ray, torch and the CLI; its Ray started (the
+#: imports may or may not be done); the imports done, its Ray perhaps still starting
+EARLY_MOMENTS = ["ray-starting", "ray-started", "main"]
+
+
+@pytest.mark.parametrize("moment", EARLY_MOMENTS)
 def test_ctrl_c_while_ray_starts_ahead_of_the_run_stops_it_and_leaves_nothing(
-    tmp_path, monkeypatch
+    tmp_path, monkeypatch, moment
 ):
-    """A Ctrl-C to the command's group once its imports are done, while its Ray may still be
-    starting: the command ends as interrupted (130, no traceback); Ray's processes, which keep
-    the terminal's signals blocked, are stopped by it."""
+    """A Ctrl-C to the command's group at each moment of its start, Ray starting ahead of the
+    run: the command ends as interrupted (130, no traceback, the last line says so); Ray's
+    processes, which keep the terminal's signals blocked, are stopped by it and its logs go."""
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     sessions = Path(os.environ["RAY_TMPDIR"]) / "ray"
     before = set(sessions.glob("session_2*"))
@@ -182,24 +196,29 @@ def test_ctrl_c_while_ray_starts_ahead_of_the_run_stops_it_and_leaves_nothing(
         [sys.executable, "-m", "mprl", "run", "--plugin", "impala", "--backend", "ray",
          "--workers", "1", "--run-dir", str(tmp_path / "run"), "--quiet"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-        env={**os.environ, "MPRL_TIMELINE": str(timeline)},
+        preexec_fn=_default_terminal_signals, env={**os.environ, "MPRL_TIMELINE": str(timeline)},
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and not (
-            timeline.exists() and '"mark": "main"' in timeline.read_text()
+            timeline.exists() and f'"mark": "{moment}"' in timeline.read_text()
         ):
-            time.sleep(0.01)
+            time.sleep(0.005)
         os.killpg(proc.pid, signal.SIGINT)
-        _, stderr = proc.communicate(timeout=120)
+        stdout, stderr = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.communicate()
     assert proc.returncode == 130, stderr
-    assert "mprl: interrupted" in stderr and "Traceback" not in stderr, stderr
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr
+    # the last line: the command's, stopped before its run began, or the run's summary (a
+    # Ray that was quick to start: the run had begun)
+    last = (stderr.splitlines() or stdout.splitlines())[-1]
+    assert last == "mprl: interrupted" or last.startswith("mprl: interrupted (SIGINT)"), last
     assert "Failed to connect to GCS" not in stderr, stderr
     assert set(sessions.glob("session_2*")) == before
+    # Ray's processes and /dev/shm: the leftover check finds any of them by the test's mark
 
 
 #: a driver whose transport hub answers only after a minute, as an actor placed on a node too
