@@ -133,11 +133,11 @@ def too_big(need: Mapping[str, float]) -> str | None:
 
 
 def unreachable(exc: BaseException, address: str) -> str:
-    return (
-        f"cannot join the Ray cluster at {address} ({cause(exc)}); check --ray-address / "
-        "RAY_ADDRESS, that `ray start --head` runs there, and that this machine holds the "
-        "cluster's token (~/.ray/auth_token)"
-    )
+    """Why joining the cluster at ``address`` failed, and what to check or set on this machine
+    (a token without ``RAY_AUTH_MODE=token``, or the mode without a token, named)."""
+    from mprl.backends.ray import auth
+
+    return f"cannot join the Ray cluster at {address} ({cause(exc)}); {auth.join_advice()}"
 
 
 def cause(exc: BaseException) -> str:
