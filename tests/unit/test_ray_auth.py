@@ -66,3 +66,15 @@ def test_neither_says_both_for_a_cluster_with_token_authentication(home):
     said = auth.join_advice({}, home)
     assert said.startswith("check --ray-address / RAY_ADDRESS"), said
     assert "needs its token on this machine" in said and "RAY_AUTH_MODE=token set here" in said
+
+
+def test_the_refusal_of_a_join_carries_the_advice(home, monkeypatch):
+    from mprl.backends.ray import cluster
+
+    _token(home / ".ray" / "auth_token")
+    monkeypatch.setenv("HOME", str(home))
+    for name in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
+        monkeypatch.delenv(name, raising=False)
+    said = cluster.unreachable(ConnectionError("Failed to connect"), "10.0.0.5:6379")
+    assert said.startswith("cannot join the Ray cluster at 10.0.0.5:6379 (Failed to connect)")
+    assert "set RAY_AUTH_MODE=token" in said, said
