@@ -99,12 +99,24 @@ def _forkserver_then_stop(sig: int) -> Callable[[subprocess.Popen, Path], None]:
     """``sig`` to the run's forkserver, then SIGINT to the main process a second later."""
 
     def fault(proc: subprocess.Popen, _: Path) -> None:
-        (pid,) = [p for p in child_pids(proc.pid) if b"forkserver import main" in _cmd(p)]
+        # the forkserver is the main process's child; what it forked shows the same command line
+        (pid,) = [
+            p
+            for p in child_pids(proc.pid)
+            if b"forkserver import main" in _cmd(p) and _parent(p) == proc.pid
+        ]
         os.kill(pid, sig)
         time.sleep(1.0)
         proc.send_signal(signal.SIGINT)
 
     return fault
+
+
+def _parent(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except OSError:
+        return 0
 
 
 def _cmd(pid: int) -> bytes:
