@@ -63,9 +63,7 @@ def main() -> None:
             counter=schema.Counter(),
             rollouts=schema.Rollouts(spec, slots_per_worker=1),
             replay=schema.ReplayBuffer(capacity=10_000),
-        ).build(
-            MemoryBuilder(manager, torch.nn.Linear(1, 1), None, share=True, sleep=True), dims
-        )
+        ).build(MemoryBuilder(manager, torch.nn.Linear(1, 1), None, share=True, sleep=True), dims)
         worker, learner = state.bound(0, lambda: False), state.bound(2, lambda: False)
         obs = np.zeros(4, dtype=np.float32)
         episode = (np.zeros((STEPS, 4), np.float32), [0] * STEPS, [1.0] * STEPS)

@@ -11,6 +11,10 @@ from typing import Any
 import attrs
 
 WINDOW = 100  # episodes in "mean return of the last 100", the usual solved criterion
+#: seconds the env steps/s shown are counted over: counters that move in bursts (a learner
+#: that paces its workers, a rollout committed at once) would read 0 between two bursts over a
+#: second alone
+RATE_WINDOW_S = 5.0
 #: how a non-finite float travels in a record (JSON has none): ``Context.log`` makes it a string
 NON_FINITE = frozenset({"inf", "-inf", "nan"})
 
@@ -76,7 +80,8 @@ class RunStats:
         self.returns: deque[float] = deque(maxlen=WINDOW)
         self.best_return = -math.inf
         self.last_values: dict[str, Any] = {}  # latest scalar per name, e.g. loss
-        self._rate_mark = (self.start, 0)
+        #: (time, env steps) once a second over the last RATE_WINDOW_S: the rate shown
+        self._rate_marks: deque[tuple[float, int]] = deque([(self.start, 0)])
         self.steps_per_s = 0.0
         self.restarts = 0
         self.solved_at: dict[str, Any] | None = None  # the moment it was found solved
@@ -111,7 +116,7 @@ class RunStats:
             if at is not None and at < self.threshold:
                 self.solved_at = None  # solved at a lower target: not at this one (yet)
         self.start = time.monotonic() - float(state["wall_s"])
-        self._rate_mark = (time.monotonic(), -1)  # set by the first set_steps
+        self._rate_marks = deque()  # set by the first set_steps
 
     @property
     def wall_s(self) -> float:
@@ -167,12 +172,15 @@ class RunStats:
         self.per_worker = tuple(per_worker)
         self.env_steps = sum(per_worker)
         now = time.monotonic()
-        t0, s0 = self._rate_mark
-        if s0 < 0:  # the first counters of a resumed run: rates start from here
-            self._rate_mark = (now, self.env_steps)
-        elif now - t0 >= 1.0:  # a rate over at least a second is readable
+        marks = self._rate_marks
+        if not marks:  # the first counters of a resumed run: rates start from here
+            marks.append((now, self.env_steps))
+        elif now - marks[-1][0] >= 1.0:  # a mark a second; the rate over the window's marks
+            marks.append((now, self.env_steps))
+            while len(marks) > 2 and now - marks[0][0] > RATE_WINDOW_S:
+                marks.popleft()
+            t0, s0 = marks[0]
             self.steps_per_s = (self.env_steps - s0) / (now - t0)
-            self._rate_mark = (now, self.env_steps)
         counts = self.per_worker[: self.workers]
         t0, before = self._worker_mark
         if len(before) != len(counts):  # the first counters: rates start from here

@@ -23,7 +23,7 @@ from mprl.errors import RunFailed, UsageError
 from mprl.host.config import describe_fields, load_toml, parse_assignments, parse_value
 from mprl.host.options import RunOptions
 from mprl.host.plugins import BLOCK_ENV, CommandInfo, PluginManager, get_plugin_manager
-from mprl.host.progress import say
+from mprl.host.progress import SafeStream, say
 from mprl.run_types import Summary
 from mprl.timeline import mark
 from mprl.version import __version__
@@ -505,6 +505,10 @@ def _show_deprecations() -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    # a reader gone (`mprl plugins | head`, a closed terminal) ends no command with a traceback:
+    # what is printed after that is dropped, as a run's output is (SafeStream)
+    out, err = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _never_raising(out), _never_raising(err)
     try:
         # a Ctrl-C from here on is a KeyboardInterrupt, said below (before: `python -m mprl`
         # ends as interrupted, mprl.startup.guard_interrupts)
@@ -542,3 +546,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     finally:
         startup.leaving_main()
+        sys.stdout, sys.stderr = out, err
+
+
+def _never_raising(stream: Any) -> SafeStream:
+    return stream if isinstance(stream, SafeStream) else SafeStream(stream)

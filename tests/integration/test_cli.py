@@ -7,6 +7,8 @@ import itertools
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -17,6 +19,8 @@ from tests.conftest import (
     alive,
     child_pids,
     cli,
+    end,
+    own_group,
     read_metrics,
     running,
     stepped,
@@ -221,3 +225,31 @@ def test_a_dead_manager_server_aborts_the_run_naming_it(installed, tmp_path):
     assert "Manager server killed by signal SIGKILL" in stderr
     assert time.monotonic() - start < 15
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "failed"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["plugins"], ["runs", "RUNS"], ["--help"], ["run", "--help"], ["sweep", "--help"]],
+    ids=["plugins", "runs", "help", "run-help", "sweep-help"],
+)
+def test_a_command_whose_reader_is_gone_ends_without_a_traceback(installed, tmp_path, args):
+    """``mprl plugins | head``: the reader of stdout gone before the command prints (the pipe's
+    read end closed before it starts), what it prints is dropped and it ends as it would have."""
+    runs = tmp_path / "runs"
+    (runs / "one").mkdir(parents=True)
+    (runs / "one" / "config.json").write_text('{"run": {"plugin": "a3c"}}')
+    read, write = os.pipe()
+    os.close(read)  # no reader: every write to stdout fails with EPIPE
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "mprl", *[str(runs) if a == "RUNS" else a for a in args]],
+            stdout=write, stderr=subprocess.PIPE, text=True, **own_group(),
+        )  # fmt: skip
+    finally:
+        os.close(write)
+    try:
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        end(proc)
+    assert proc.returncode == 0, stderr
+    assert "Traceback" not in stderr and "BrokenPipe" not in stderr, stderr

@@ -85,3 +85,26 @@ def test_worker_rates_idle_times_and_eta_reach_the_live_panel(monkeypatch):
     assert "worker 0" in text and "stepping" in text and "4,000" in text
     assert "worker 1" in text and "idle 8s" in text
     assert "12s" in text  # the ETA column
+
+
+def test_the_rate_of_counters_that_move_in_bursts_never_reads_zero_between_them(monkeypatch):
+    from mprl.host import stats as stats_module
+
+    clock = [50.0]
+    monkeypatch.setattr(stats_module.time, "monotonic", lambda: clock[0])
+    stats = RunStats(threshold=None, total_steps=None)
+    stats.workers = 1
+    stats.set_steps([0, 0])
+    shown = []
+    for tick in range(1, 16):  # 3,000 steps every third second: 1,000 steps/s
+        clock[0] += 1.0
+        stats.set_steps([stats.per_worker[0] + (3000 if tick % 3 == 0 else 0), 0])
+        shown.append(stats.snapshot().steps_per_s)
+    # from the first burst on, the rate is the window's (5 s): never 0 between bursts
+    assert all(600 <= rate <= 1500 for rate in shown[3:]), shown
+    assert abs(shown[-1] - 1000) <= 400, shown
+    # a stall reads 0 once the window holds no step
+    for _ in range(7):
+        clock[0] += 1.0
+        stats.set_steps(list(stats.per_worker))
+    assert stats.snapshot().steps_per_s == 0.0

@@ -406,7 +406,12 @@ class _RaySupervisor(Supervisor):
         now = time.monotonic()
         share = self.share_model and now - self.last_sync >= MODEL_SHARE_S
         for actor in self.actors.values():
-            if actor._ended is None and actor.poll_ref is None and now - actor.poll_sent >= TICK_S:
+            if (
+                actor.actor is not None  # (killed: a hung one, whose restart is due)
+                and actor._ended is None
+                and actor.poll_ref is None
+                and now - actor.poll_sent >= TICK_S
+            ):
                 self.send_poll(actor, share=share)
         pending = [a.poll_ref for a in self.actors.values() if a.poll_ref is not None]
         if pending:
