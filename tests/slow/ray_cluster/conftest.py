@@ -40,6 +40,16 @@ def no_leftovers(monkeypatch: pytest.MonkeyPatch, cluster: Any) -> Iterator[None
         if not actors and not orphans and not shm:
             break
         time.sleep(0.2)
-    assert not actors, f"actor processes left behind: {actors}"
+    assert not actors, f"actor processes left behind: {[_described(pid) for pid in actors]}"
     assert not orphans, f"processes left behind: {orphans}"
     assert not shm, f"shared memory left: {sorted(shm)}"
+
+
+def _described(pid: int) -> str:
+    """``pid``, its parent and its command line, as far as /proc says (a leftover's report)."""
+    try:
+        parent = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]
+        command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return f"{pid} (gone)"
+    return f"{pid} (parent {parent}): {command[:200]}"
