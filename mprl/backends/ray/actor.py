@@ -9,8 +9,10 @@ pending metric records out: the function itself never makes a remote call to rep
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import multiprocessing as mp
 import os
+import signal
 import sys
 import threading
 import time
@@ -40,11 +42,10 @@ class ChildActor:
         # the Manager's proxies in the context read the run's key from here when unpickled
         mp.current_process().authkey = authkey
         if ray.get_runtime_context().get_actor_id() is not None:  # a Ray actor's process
+            raylet = os.getppid()
+            _killed_with_raylet(raylet)
             watch = threading.Thread(
-                target=_end_with_raylet,
-                args=(os.getppid(),),
-                name="mprl-raylet-watch",
-                daemon=True,
+                target=_end_with_raylet, args=(raylet,), name="mprl-raylet-watch", daemon=True
             )
             watch.start()
         self.channel = ChildChannel()
@@ -162,6 +163,19 @@ class ChildActor:
             if whole:
                 self.hub.publishing.release()
         return {name: [ray.put(part)] for name, part in copied.items()}
+
+
+def _killed_with_raylet(raylet: int) -> None:
+    """Ask the kernel to SIGKILL this process when its parent, the raylet that started it, ends
+    (``PR_SET_PDEATHSIG``, Linux): that works whatever the process is doing, where
+    :func:`_end_with_raylet`'s thread needs the interpreter (a process whose threads were stuck
+    in Ray's own calls was seen to outlive its raylet by minutes)."""
+    if not sys.platform.startswith("linux") or raylet <= 1:
+        return
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+        if os.getppid() != raylet:  # it ended before that
+            os._exit(1)
 
 
 def _end_with_raylet(raylet: int) -> None:
