@@ -275,13 +275,7 @@ def test_sighup_is_a_clean_stop_with_a_final_checkpoint(installed, run_dir):
         proc.send_signal(signal.SIGHUP)
         _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 129, stderr
-    clean_stderr(stderr)
-    assert "Traceback" not in stderr, stderr
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["status"] == "interrupted" and summary["signal"] == signal.SIGHUP
-    assert summary["stop_reason"] == "SIGHUP" and not summary["failures"]
-    _, data = checkpoint.load(run_dir)  # the final checkpoint holds every step
-    assert data["env_steps"] == summary["env_steps"] == summary["checkpoint"]["env_steps"]
+    stopped_cleanly(run_dir, stderr, signal.SIGHUP)
 
 
 # a run started with SIGINT ignored (`mprl run ... &` in a script: a shell without job control
@@ -331,13 +325,7 @@ def test_a_run_started_with_sigint_ignored_ignores_it_throughout_and_stops_on_si
     assert sent and "prepared" not in sent[0], sent  # one came while the CLI started
     assert proc.returncode == 143, stderr
     assert stderr.count(IGNORED_SIGINT.format(pid=proc.pid)) == 1, stderr
-    clean_stderr(stderr)
-    assert "Traceback" not in stderr, stderr
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["status"] == "interrupted" and summary["signal"] == signal.SIGTERM
-    assert summary["stop_reason"] == "SIGTERM" and not summary["failures"]
-    _, data = checkpoint.load(run_dir)  # the final checkpoint holds every step
-    assert data["env_steps"] == summary["env_steps"] == summary["checkpoint"]["env_steps"]
+    stopped_cleanly(run_dir, stderr, signal.SIGTERM)
 
 
 # 4 and 16: the terminal of the shell the run was started from is closed: the shell gets SIGHUP
@@ -539,3 +527,15 @@ def test_building_many_envs_is_start_up_not_a_hang(installed, run_dir):
     assert "hung" not in stderr, stderr
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["env_steps"] >= 30000 and summary["status"] == "finished"
+
+
+def stopped_cleanly(run_dir: Path, stderr: str, sig: int) -> None:
+    """The run in ``run_dir`` was stopped by ``sig`` cleanly: no traceback, an interrupted
+    summary without failures, and a final checkpoint that holds every step."""
+    clean_stderr(stderr)
+    assert "Traceback" not in stderr, stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["signal"] == sig
+    assert summary["stop_reason"] == signal.Signals(sig).name and not summary["failures"]
+    _, data = checkpoint.load(run_dir)
+    assert data["env_steps"] == summary["env_steps"] == summary["checkpoint"]["env_steps"]
