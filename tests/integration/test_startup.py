@@ -14,7 +14,7 @@ import subprocess
 import sys
 import textwrap
 
-from tests.conftest import alive, cli, running, wait_for_metrics, wait_until
+from tests.conftest import alive, cli, end, running, wait_for_metrics, wait_until
 
 
 def _python(code: str) -> subprocess.CompletedProcess[str]:
@@ -143,9 +143,7 @@ def test_a_ctrl_c_while_the_command_imports_ends_it_as_interrupted_with_nothing_
         os.killpg(proc.pid, signal.SIGINT)
         _, stderr = proc.communicate(timeout=60)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
+        end(proc)
     marks = _marks(timeline)
     assert [m["mark"] for m in marks] == ["forkserver"]  # it ended before the CLI's imports did
     assert proc.returncode == 130, stderr

@@ -14,6 +14,7 @@ import logging
 import os
 import shutil
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -87,6 +88,10 @@ def wants_embedded(command: Command) -> float | None:
     return command.value(RunConfig, "workers") * cpus + learner.get("CPU", 1.0)
 
 
+#: the longest an exit waits for Ray's start on this machine to end, before it stops that Ray
+START_WAIT_S = 20.0
+
+
 class EarlyRay:
     """Ray starting on this machine in a thread (:func:`start`'s handle): Ray's processes
     start while this process imports torch and prepares the run, which then takes it
@@ -96,6 +101,8 @@ class EarlyRay:
         self.out: list[tuple[Path | None, BaseException | None]] = []
         self.started = threading.Event()
         self.released = threading.Event()
+        import argparse  # noqa: F401  (what ray.init imports, imported here first: see stop())
+
         import ray  # noqa: F401  (here: its atexit shutdown then runs after ours)
 
         threading.Thread(target=self._start, args=(cpus,), name="mprl-ray-start",
@@ -125,8 +132,20 @@ class EarlyRay:
             raise
 
     def stop(self) -> None:
-        """Stop the Ray it started (once started), and remove its logs."""
-        self.started.wait()
+        """Stop the Ray it started (once started), and remove its logs. The wait for the start
+        is bounded (:data:`START_WAIT_S`): a Ctrl-C that cut an import of the main thread can
+        leave that module's import lock held, and the start, importing the same module, waits
+        for it for ever; this process then exits without it, and the processes Ray had started
+        get their parent-death signal as the start's thread ends with it."""
+        if not self.started.wait(START_WAIT_S):
+            with contextlib.suppress(Exception):  # (the reader may be gone)
+                print(
+                    f"mprl: Ray's start on this machine did not end within {START_WAIT_S:g} s; "
+                    "exiting without it",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            return
         stop(self.out[0][0])
         self.released.set()
 

@@ -16,7 +16,7 @@ import torch
 
 from mprl.backends.ray.backend import ACTORS_GONE_S
 from mprl.backends.supervisor import Supervisor
-from tests.conftest import clean_stderr, cli, read_metrics, running, wait_for_metrics
+from tests.conftest import clean_stderr, cli, end, read_metrics, running, wait_for_metrics
 from tests.slow.ray_cluster import WORKER, placed, ray_processes, run_ray
 
 ray = pytest.importorskip("ray")
@@ -207,14 +207,15 @@ def test_ctrl_c_while_ray_starts_ahead_of_the_run_stops_it_and_leaves_nothing(
         os.killpg(proc.pid, signal.SIGINT)
         stdout, stderr = proc.communicate(timeout=120)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
+        end(proc)
     assert proc.returncode == 130, stderr
     assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr
     # the last line: the command's, stopped before its run began, or the run's summary (a
     # Ray that was quick to start: the run had begun)
-    last = (stderr.splitlines() or stdout.splitlines())[-1]
+    # (after it, a line of the exit may say that it did not wait for a Ray start that an
+    # import lock the Ctrl-C left held keeps from ending: seen under load, about 1 in 5)
+    said = [line for line in stderr.splitlines() if "Ray's start on this machine" not in line]
+    last = (said or stdout.splitlines())[-1]
     assert last == "mprl: interrupted" or last.startswith("mprl: interrupted (SIGINT)"), last
     assert "Failed to connect to GCS" not in stderr, stderr
     assert set(sessions.glob("session_2*")) == before
@@ -328,9 +329,7 @@ def test_the_terminals_signals_to_the_whole_group_of_an_embedded_ray_run_stop_it
         os.killpg(proc.pid, sig)
         _, stderr = proc.communicate(timeout=90)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
+        end(proc)
     assert proc.returncode == 128 + sig, stderr
     assert "Traceback" not in stderr and "Failed to connect to GCS" not in stderr, stderr
     summary = json.loads((run_dir / "summary.json").read_text())
