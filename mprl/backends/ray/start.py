@@ -89,7 +89,19 @@ def wants_embedded(command: Command) -> float | None:
 
 
 #: the longest an exit waits for Ray's start on this machine to end, before it stops that Ray
-START_WAIT_S = 20.0
+START_WAIT_S = 60.0
+
+
+def _release_import_lock() -> None:
+    """Release the interpreter's import lock where this thread holds it, as it may after a
+    Ctrl-C that cut an import between the lock's taking and its release (the start's thread,
+    importing too, would wait for it for ever). Called where this thread imports nothing; a
+    lock another thread holds is left alone (``RuntimeError``: not this thread's)."""
+    import _imp
+
+    with contextlib.suppress(RuntimeError):
+        while _imp.lock_held():
+            _imp.release_lock()
 
 
 class EarlyRay:
@@ -133,10 +145,11 @@ class EarlyRay:
 
     def stop(self) -> None:
         """Stop the Ray it started (once started), and remove its logs. The wait for the start
-        is bounded (:data:`START_WAIT_S`): a Ctrl-C that cut an import of the main thread can
-        leave that module's import lock held, and the start, importing the same module, waits
-        for it for ever; this process then exits without it, and the processes Ray had started
-        get their parent-death signal as the start's thread ends with it."""
+        is bounded (:data:`START_WAIT_S`): a Ctrl-C that cut an import of this thread can leave
+        the import lock held (released here first), and the start, importing too, would wait
+        for it for ever; past the bound this process exits without it, and the processes Ray
+        had started get their parent-death signal as the start's thread ends with it."""
+        _release_import_lock()
         if not self.started.wait(START_WAIT_S):
             with contextlib.suppress(Exception):  # (the reader may be gone)
                 print(
