@@ -117,3 +117,19 @@ def no_room(path: str | Path) -> str:
             return "its file system has no free inodes left"
         break
     return "the disk is full"
+
+
+def held_by(run_dir: str | Path) -> str | None:
+    """The pid that holds the run directory ``run_dir`` (its ``.lock``, locked by the run going
+    on in it), as it wrote it there (``"?"`` where it wrote none); ``None`` when no process
+    holds it. The lock is opened through no link and without blocking on a FIFO."""
+    try:
+        fd = open_regular(Path(run_dir) / ".lock", os.O_RDONLY)
+    except OSError:  # none there (or not a regular file: no run could hold it)
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+    finally:
+        os.close(fd)  # our own shared lock, if we got it, goes with it

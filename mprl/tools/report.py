@@ -6,10 +6,8 @@ matplotlib is needed for plots only (``pip install "mprl[plot]"``); listing runs
 
 from __future__ import annotations
 
-import fcntl
 import json
 import math
-import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -17,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mprl.errors import UsageError
-from mprl.files import open_regular
+from mprl.files import held_by
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -496,27 +494,13 @@ def _find_run_dirs(root: Path, depth: int) -> list[Path]:
     for child in children:
         found.extend(_find_run_dirs(child, depth + 1))
     return found
-
-
-def _holder(path: Path) -> str | None:
-    """The pid holding the run directory's lock (its run is going on), else ``None``."""
-    try:  # not through a link, nor blocking on a FIFO planted there
-        fd = open_regular(path / ".lock", os.O_RDONLY)
-    except OSError:
-        return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-    finally:
-        os.close(fd)
     return None
 
 
 def _status(run: Run, now: float) -> str:
     if run.summary is not None:
         return str(run.summary.get("status") or MISSING)
-    holder = _holder(run.path)
+    holder = held_by(run.path)
     if holder is not None:
         return f"running (pid {holder})"
     if (run.path / ".lock").exists():  # the lock of a run that ended without a summary

@@ -308,7 +308,7 @@ def test_held_by_names_the_pid_holding_a_run_directory(tmp_path):
     import fcntl
     import os
 
-    from mprl_builtin.sweep.sweepdir import held_by
+    from mprl.files import held_by
 
     run = tmp_path / "run"
     run.mkdir()

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from mprl.errors import UsageError
-from mprl.files import NotRegularFile, exists_as
+from mprl.files import NotRegularFile, exists_as, held_by
 from mprl.host.config import parse_value
 from mprl.host.plugins import PluginManager
 from mprl.host.progress import say
@@ -28,7 +28,6 @@ from mprl_builtin.sweep.spec import SPEC_FILE, Spec, config_key, read_spec, toml
 from mprl_builtin.sweep.sweepdir import (
     check,
     check_database,
-    held_by,
     locked,
     make_dir,
     open_log,

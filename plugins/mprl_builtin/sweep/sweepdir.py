@@ -7,9 +7,10 @@ sweep writes whole (``sweep.json``, ``configs/KEY.toml``, the results and the pl
 is there atomically (:func:`write`) and each run's log is made anew (:func:`open_log`), so a link
 at one of those paths is replaced, never written through. Its directories (``configs/``,
 ``logs/``, ``trials/`` and the run directories in it) are its own, never a link, and a run
-directory is removed only where no process holds it (:func:`held_by`), never through a link
-(:func:`remove_run_dir`). :func:`check` refuses, before anything starts, whatever at one of
-those places is not a regular file or a directory of the sweep's own, naming it.
+directory is removed only where no process holds it (:func:`mprl.files.held_by`), never
+through a link (:func:`remove_run_dir`). :func:`check` refuses, before anything starts,
+whatever at one of those places is not a regular file or a directory of the sweep's own,
+naming it.
 """
 
 from __future__ import annotations
@@ -135,22 +136,6 @@ def locked(root: Path) -> Iterator[None]:
         yield
     finally:
         os.close(fd)
-
-
-def held_by(run_dir: Path) -> str | None:
-    """The pid of the process holding run directory ``run_dir`` (a run holds an flock on its
-    ``.lock``, with its pid in it, until it ends; the kernel drops it however it ends), ``"?"``
-    where it wrote none; ``None`` when no process holds it."""
-    try:
-        fd = open_regular(run_dir / LOCK, os.O_RDONLY)
-    except OSError:  # none there (or not a regular file: no run could hold it)
-        return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-    finally:
-        os.close(fd)  # our own shared lock, if we got it, goes with it
     return None
 
 
