@@ -100,6 +100,9 @@ class ReplayCollector:
         self._rewards = torch.zeros((n_step, n), dtype=torch.float64)
         self._pending = np.zeros(n, dtype=np.int64)  # steps of each env not yet in a row
         self._t = 0
+        #: the envs whose episode ended at the last :meth:`step` (their indices, in order):
+        #: where a worker resets per-episode state, such as an exploration noise's
+        self.ended: list[int] = []
 
     @property
     def obs(self) -> torch.Tensor:
@@ -120,11 +123,13 @@ class ReplayCollector:
         """Step every env once with ``actions`` (``[n, ...]``, as the replay stores them:
         Discrete actions int64; SAC's squashed ones), given to the envs as ``env_actions``
         (default: ``actions`` as a numpy array); add the transitions completed to the replay
-        buffer and count ``n`` env steps. Returns the rows added."""
+        buffer and count ``n`` env steps. Returns the rows added; :attr:`ended` says which
+        envs' episodes ended."""
         obs = self.envs.obs
         if env_actions is None:
             env_actions = actions.numpy()
         rewards, _, ends = self.envs.advance(env_actions)
+        self.ended = [i for i, _, _ in ends]
         if self.n_step == 1:
             rows = self._one_step(obs, actions, rewards, ends)
         else:
