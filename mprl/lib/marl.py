@@ -85,12 +85,14 @@ class AgentBatch:
         self.alive = torch.as_tensor(np.stack([i["alive"] for _, i in first]), dtype=torch.float32)
         self.returns = np.zeros((n, len(self.agents)))
         self.lengths = [0] * n
+        self.cut: list[int] = []  # the envs whose episode a time limit cut at the last step
 
     def step(self, actions: np.ndarray, value: Any = None) -> tuple[np.ndarray, np.ndarray]:
         """Step every env with its agents' ``actions``; ``self.obs``, ``self.state`` and
         ``self.alive`` become the next ones (a new episode's where one ended). ``value(states)
-        -> [k, agents]`` values the states where a time limit cut an episode. Returns the
-        agents' rewards ``[envs, agents]`` and the dones ``[envs]``."""
+        -> [k, agents]`` values the states where a time limit cut an episode (those of the
+        envs ``self.cut``, in order: a recurrent critic picks their hidden states by it).
+        Returns the agents' rewards ``[envs, agents]`` and the dones ``[envs]``."""
         rewards = np.zeros((self.n, len(self.agents)), np.float32)
         dones = np.zeros(self.n, np.float32)
         obs, states, alive, cut = [], [], [], []
@@ -108,6 +110,7 @@ class AgentBatch:
             obs.append(o)
             states.append(info["state"])
             alive.append(info["alive"])
+        self.cut = [i for i, _, _ in cut]  # the envs value() values, in its rows' order
         if cut and value is not None:
             with torch.no_grad():
                 values = value(torch.as_tensor(np.stack([s for _, s, _ in cut]))).numpy()

@@ -23,6 +23,7 @@ from mprl.lib import nets
 from mprl.lib.configs import field_help
 from mprl.lib.nets import ActorCritic
 from mprl.lib.norms import ObsNorm
+from mprl.lib.sequences import Segments
 from mprl.lib.torsos import encoder, is_image
 
 __all__ = [
@@ -179,7 +180,30 @@ class RecurrentActorCritic(nn.Module):
         before ``obs[0]``): ``obs`` is ``[L, N, ...]``; ``dones[t]`` (``[>= L - 1, N]``) ended
         an episode after step ``t``, so the state is zeroed before step ``t + 1``, as the
         worker did. Returns the policy outputs ``[L, N, ...]``, values ``[L, N]`` and the
-        state after the last step."""
+        state after the last step.
+
+        One ``nn.GRU`` / ``nn.LSTM`` call per core over every episode piece of the sequences
+        (:class:`Segments`), not a Python loop over steps: what the worker computed step by
+        step, to float rounding."""
+        if self.obs_norm is not None:
+            obs = self.obs_norm(obs)
+        pieces = Segments(dones[: obs.shape[0] - 1], obs.shape[0], obs.shape[1])
+        k = self.state_rows // len(self.towers)
+        latent, last = [], []
+        for i, tower in enumerate(self.towers):
+            outputs, rows = pieces.run(
+                tower.cell, self._encode(tower, obs), state[i * k : (i + 1) * k]
+            )
+            latent.append(outputs)
+            last.append(rows)
+        out, values = self._heads(latent)
+        return out, values, torch.cat(last)
+
+    def unroll_stepwise(
+        self, obs: torch.Tensor, state: torch.Tensor, dones: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """:meth:`unroll` one step at a time with the cells, as the worker acts: the reference
+        the batched replay is checked against (tests, ``benchmarks/recurrent.py``)."""
         if self.obs_norm is not None:
             obs = self.obs_norm(obs)
         live = 1.0 - dones.to(state.dtype).unsqueeze(-1)
@@ -237,6 +261,40 @@ class RecurrentActorCritic(nn.Module):
         for row, j in enumerate(envs):
             self._acting[j] = state[:, row : row + 1]
         return self.heads.env_actions(out, deterministic)
+
+    def export_policy(self) -> nn.Module:
+        """:meth:`act` with ``deterministic=True`` as a module of tensor operations only, for
+        ``mprl export``: ``(obs [B, *obs_shape], h [B, core_size], c [B, core_size])`` in
+        (an LSTM; a GRU has no ``c``), ``(actions, next h, next c)`` out. Only the policy's
+        core: its state is the first rows of :meth:`step`'s; an episode starts from zeros.
+        Its ``state_shapes`` names the state tensors and each env's shape. It shares this
+        model's parameters."""
+        return _GreedyRecurrentPolicy(self)
+
+
+class _GreedyRecurrentPolicy(nn.Module):
+    """A :class:`RecurrentActorCritic`'s most likely action, its policy core's state passed in
+    and out: ``forward(obs, h[, c]) -> (action, h[, c])``."""
+
+    def __init__(self, model: RecurrentActorCritic) -> None:
+        super().__init__()
+        tower = model.towers[0]  # the policy's (over images, the one both share)
+        self.obs_norm = model.obs_norm
+        self.encoder, self.cell = tower.encoder, tower.cell
+        self.lstm = model.core_kind == "lstm"
+        self.head = model.heads.export_policy()
+        names = ("h", "c") if self.lstm else ("h",)
+        self.state_shapes = {name: (model.core_size,) for name in names}
+
+    def forward(self, obs: torch.Tensor, *state: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if self.obs_norm is not None:
+            obs = self.obs_norm(obs)
+        features = self.encoder(obs)
+        if self.lstm:
+            h, c = self.cell(features, (state[0], state[1]))
+            return self.head(h), h, c
+        h = self.cell(features, state[0])
+        return self.head(h), h
 
 
 def make_model(obs_space: gym.Space, act_space: gym.Space, config: Any) -> nn.Module:

@@ -29,8 +29,11 @@ from mprl import schema
 from mprl.lib.marl import AgentBatch, agent_rollout_spec
 from mprl.lib.nets import Adam, field_help, mlp
 from mprl.lib.norms import ValueNorm
+from mprl.lib.recurrent import core_field, core_size_field
+from mprl.lib.sequences import chunk
 from mprl.spaces import AgentBox
 from mprl.transport import RolloutSlots, WeightBroadcast
+from mprl_builtin.mappo.recurrent import RecurrentAgentsModel, hidden_spec
 from mprl_builtin.ppo import gae
 
 LOG_EVERY_S = 2.0  # how often the learner reports losses and rates
@@ -102,6 +105,18 @@ class MAPPOConfig:
     log_std_init: float = attrs.field(
         default=-0.5, metadata=field_help("continuous actions: the policy's log std at start")
     )
+    # rMAPPO: a recurrent actor and critic, each with its own hidden state per agent
+    core: str = core_field()
+    core_size: int = core_size_field()
+    data_chunk_length: int = attrs.field(
+        default=10,
+        validator=v.ge(1),
+        metadata=field_help(
+            "recurrent core: steps of each training chunk (the MAPPO repository's "
+            "data_chunk_length); workers store the hidden state at each chunk's start, the "
+            "learner replays each chunk from it"
+        ),
+    )
 
 
 @attrs.frozen
@@ -140,11 +155,7 @@ class AgentsModel(nn.Module):
         ValueNorm.load_old_moments(self, "ret_moments", "value_norm")  # checkpoints before it
 
     def _per_agent(self, nets: nn.ModuleList, x: torch.Tensor) -> torch.Tensor:
-        """``x [..., A, in]`` through each agent's net (or the shared one), ``[..., A, out]``."""
-        x = torch.cat([x, self.eye.expand(*x.shape[:-1], self.n_agents)], -1)
-        if len(nets) == 1:
-            return nets[0](x)
-        return torch.stack([net(x[..., i, :]) for i, net in enumerate(nets)], -2)
+        return per_agent(nets, self.eye, x)
 
     def policy(self, obs: torch.Tensor) -> torch.Tensor:
         """Logits (or Gaussian means) ``[..., A, n]`` of ``obs [..., A, features]``."""
@@ -180,8 +191,47 @@ class AgentsModel(nn.Module):
             return actions.numpy()
         return torch.max(torch.min(actions, self.high), self.low).numpy()
 
+    def export_policy(self) -> nn.Module:
+        """``act(obs, deterministic=True)`` as a module of tensor operations only, for ``mprl
+        export``: ``obs [B, A, features]`` in, every agent's action out (``[B, A]`` int64, or
+        ``[B, A, n]`` clipped to the bounds); no critic in it. It shares this model's
+        parameters."""
+        return _GreedyAgents(self)
+
+
+def per_agent(nets: nn.ModuleList, eye: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``x [..., A, in]`` with each agent's one-hot id (a row of ``eye``) through each agent's
+    net (or the shared one): ``[..., A, out]``."""
+    x = torch.cat([x, eye.expand(*x.shape[:-1], eye.shape[0])], -1)
+    if len(nets) == 1:
+        return nets[0](x)
+    return torch.stack([net(x[..., i, :]) for i, net in enumerate(nets)], -2)
+
+
+class _GreedyAgents(nn.Module):
+    """Every agent's most likely action: the argmax of its logits, or its Gaussian's mean
+    clipped to the bounds."""
+
+    def __init__(self, model: AgentsModel) -> None:
+        super().__init__()
+        self.actors = model.actors
+        self.register_buffer("eye", model.eye.detach().clone())
+        self.discrete = model.discrete
+        if not self.discrete:
+            self.register_buffer("low", model.low.detach().clone())
+            self.register_buffer("high", model.high.detach().clone())
+        self.state_shapes: dict[str, tuple[int, ...]] = {}
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        out = per_agent(self.actors, self.eye, obs.float())
+        if self.discrete:
+            return out.argmax(-1)
+        return torch.max(torch.min(out, self.high), self.low)
+
 
 def make_model(obs_space: gym.Space, act_space: gym.Space, config: MAPPOConfig) -> nn.Module:
+    if config.core != "none":
+        return RecurrentAgentsModel(obs_space, act_space, config)  # type: ignore[arg-type]
     return AgentsModel(obs_space, act_space, config)  # type: ignore[arg-type]
 
 
@@ -191,9 +241,13 @@ def make_optimizer(params: Any, config: MAPPOConfig) -> torch.optim.Optimizer:
 
 def _rollout(dims: schema.Dims) -> dict[str, Any]:
     cfg: MAPPOConfig = dims.config
-    return agent_rollout_spec(
-        dims.observation_space, dims.action_space, cfg.n_steps, cfg.envs_per_worker
-    )
+    n_agents = dims.observation_space.shape[0]
+    return {
+        **agent_rollout_spec(
+            dims.observation_space, dims.action_space, cfg.n_steps, cfg.envs_per_worker
+        ),
+        **hidden_spec(cfg, n_agents, cfg.n_steps, cfg.envs_per_worker),
+    }
 
 
 SCHEMA = schema.Schema(
@@ -221,15 +275,61 @@ def worker(ctx: mprl.Context) -> None:
             return torch.zeros(states.shape[0], local.n_agents)
         return local.value_norm.denormalize(local.value(torch.empty(0), states))
 
+    hidden = local.initial_state(cfg.envs_per_worker) if cfg.core != "none" else None
     while (index := rollouts.acquire()) is not None:
         slot = rollouts.slot(index)
         if weights.wait(int(slot["version"])) is None:
             break
         version = weights.pull(local)
-        envs.rollout(act, value, slot)
+        if hidden is None:
+            envs.rollout(act, value, slot)
+        else:
+            hidden = recurrent_rollout(envs, local, slot, hidden, cfg.data_chunk_length)
         slot["version"].fill_(version)
         rollouts.commit(index)
     envs.close()
+
+
+def recurrent_rollout(
+    envs: AgentBatch,
+    model: RecurrentAgentsModel,
+    slot: dict[str, torch.Tensor],
+    hidden: torch.Tensor,
+    chunk_length: int,
+) -> torch.Tensor:
+    """:meth:`AgentBatch.rollout` with a recurrent model: every agent's actor and critic
+    hidden state ``hidden [k, envs, A, size]`` carried from step to step, zeroed where an
+    episode ended, stored in ``slot["hidden"]`` at the start of each chunk of
+    ``chunk_length`` steps. Returns the hidden state after the last step (the next rollout
+    starts from it)."""
+    steps = slot["action"].shape[0]
+    r = model.rows
+    for t in range(steps):
+        if t % chunk_length == 0:
+            slot["hidden"][t // chunk_length] = hidden
+        slot["obs"][t] = envs.obs
+        slot["state"][t] = envs.state
+        slot["alive"][t] = envs.alive
+        with torch.no_grad():
+            out, _, hidden = model.step(envs.obs, envs.state, hidden)
+            dist = model.distribution(out)
+            actions = dist.sample()
+            slot["action"][t] = actions
+            slot["logp"][t] = dist.log_prob(actions)
+
+        def value(states: torch.Tensor, after: torch.Tensor = hidden) -> torch.Tensor:
+            if not model.central:  # a local critic needs the observations: no bootstrap
+                return torch.zeros(states.shape[0], model.n_agents)
+            return model.critic_value(states, after[r:, envs.cut])
+
+        rewards, dones = envs.step(model.to_env(actions), value)
+        slot["reward"][t] = torch.from_numpy(rewards)
+        slot["done"][t] = torch.from_numpy(dones)
+        hidden = hidden * (1.0 - torch.from_numpy(dones)).view(1, -1, 1, 1)
+    slot["obs"][steps] = envs.obs
+    slot["state"][steps] = envs.state
+    envs.ctx.add_steps(steps * envs.n)
+    return hidden
 
 
 def train(ctx: mprl.Context) -> None:
@@ -246,7 +346,8 @@ def train(ctx: mprl.Context) -> None:
     last_log, updates_at_log = time.monotonic(), weights.version
     report: dict[str, float] = {}
     while (batch := rollouts.take_batch(ctx.n_workers)) is not None:
-        data = _prepare(cfg, model, ctx.to_device(batch))
+        batch = ctx.to_device(batch)
+        data = _prepare(cfg, model, batch) if cfg.core == "none" else _chunks(cfg, model, batch)
         with weights.publishing(model):
             report = _update(ctx, cfg, model, optimizer, data, generator) or report
         if time.monotonic() - last_log >= LOG_EVERY_S:
@@ -285,6 +386,40 @@ def _prepare(
     return {k: t.flatten(0, 1) for k, t in rows.items()}
 
 
+def _chunks(
+    cfg: MAPPOConfig, model: RecurrentAgentsModel, batch: dict[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """The samples of one iteration for a recurrent model: the rollouts cut into chunks of
+    ``data_chunk_length`` steps, ``[length, chunks, ...]`` (the last chunks of a rollout
+    padded, their ``alive`` zero), each with the hidden state ``[k, chunks, A, size]`` the
+    worker stored at its start, and the dones inside it. Advantages and value targets by GAE
+    per agent, from values replayed over the whole rollouts."""
+    hidden = batch["hidden"]  # [C, workers, k, envs, A, size]
+    hidden = hidden.permute(2, 0, 1, 3, 4, 5).flatten(1, 3)  # [k, C x N, A, size]
+    flat = {k: t.flatten(1, 2) for k, t in batch.items() if t.dim() >= 3 and k != "hidden"}
+    t_len, n, a = flat["reward"].shape
+    with torch.no_grad():  # [T + 1, N, A], from the state at the rollouts' start (chunk 0)
+        _, values, _ = model.unroll(flat["obs"], flat["state"], hidden[:, :n], flat["done"])
+        values = model.value_norm.denormalize(values)
+    dones = flat["done"].unsqueeze(-1).expand(t_len, n, a)
+    advantages = gae(
+        flat["reward"].reshape(t_len, -1), dones.reshape(t_len, -1), values.reshape(t_len + 1, -1),
+        cfg.gamma, cfg.gae_lambda,
+    ).view(t_len, n, a)  # fmt: skip
+    returns = advantages + values[:-1]
+    alive = flat["alive"] > 0
+    if cfg.value_norm and alive.any():
+        model.value_norm.update(returns[alive])
+    rows = {
+        "obs": flat["obs"][:-1], "state": flat["state"][:-1], "action": flat["action"],
+        "logp": flat["logp"], "advantage": advantages, "return": returns,
+        "alive": flat["alive"], "done": flat["done"],
+    }  # fmt: skip
+    data = {k: chunk(t, cfg.data_chunk_length) for k, t in rows.items()}
+    data["hidden"] = hidden
+    return data
+
+
 def _update(
     ctx: mprl.Context,
     cfg: MAPPOConfig,
@@ -294,8 +429,10 @@ def _update(
     generator: torch.Generator,
 ) -> dict[str, float]:
     """``cfg.epochs`` passes of ``cfg.minibatches`` clipped-PPO minibatches; the last one's
-    numbers."""
-    size = data["obs"].shape[0]
+    numbers. With a recurrent model the samples are chunks (:func:`_chunks`), each replayed
+    from its stored hidden state."""
+    recurrent = "hidden" in data
+    size = data["obs"].shape[1 if recurrent else 0]
     mask = data["alive"]
     adv = data["advantage"]
     live = mask > 0
@@ -303,22 +440,33 @@ def _update(
         adv = (adv - adv[live].mean()) / (adv[live].std() + 1e-8)
     targets = model.value_norm(data["return"]) if cfg.value_norm else data["return"]
     stats: dict[str, float] = {}
+    replay_error = None  # the update's first minibatch: the workers' policy, not yet changed
     batch = math.ceil(size / cfg.minibatches)
     for _ in range(cfg.epochs):
         for index in torch.randperm(size, generator=generator).split(batch):
             if ctx.should_stop():
                 return stats
-            m = mask[index]
+            if recurrent:
+                pick = {k: t[:, index] for k, t in data.items()}
+                out, values, _ = model.unroll(
+                    pick["obs"], pick["state"], pick["hidden"], pick["done"]
+                )
+                m, a, target = mask[:, index], adv[:, index], targets[:, index]
+            else:
+                pick = {k: t[index] for k, t in data.items()}
+                out = model.policy(pick["obs"])
+                values = model.value(pick["obs"], pick["state"])
+                m, a, target = mask[index], adv[index], targets[index]
             denom = m.sum().clamp(min=1.0)
-            dist = model.distribution(model.policy(data["obs"][index]))
-            logp = dist.log_prob(data["action"][index])
-            ratio = (logp - data["logp"][index]).exp()
-            a = adv[index]
+            dist = model.distribution(out)
+            logp = dist.log_prob(pick["action"])
+            ratio = (logp - pick["logp"]).exp()
+            if replay_error is None:  # ratio 1: the replay reproduces what the workers did
+                replay_error = ((logp - pick["logp"]).abs() * m).max().item()
             surrogate = torch.min(ratio * a, ratio.clamp(1 - cfg.clip, 1 + cfg.clip) * a)
             policy_loss = -(surrogate * m).sum() / denom
             entropy = (dist.entropy() * m).sum() / denom
-            values = model.value(data["obs"][index], data["state"][index])
-            error = F.huber_loss(values, targets[index], reduction="none", delta=cfg.huber_delta)
+            error = F.huber_loss(values, target, reduction="none", delta=cfg.huber_delta)
             value_loss = (error * m).sum() / denom
             loss = policy_loss + cfg.value_coef * value_loss - cfg.entropy_coef * entropy
             optimizer.zero_grad(set_to_none=True)
@@ -330,5 +478,6 @@ def _update(
                 "entropy": entropy.item(), "grad_norm": float(grad_norm),
                 "clip_fraction": (((ratio - 1).abs() > cfg.clip).float() * m).sum().item()
                 / denom.item(),
+                "replay_logp_error": replay_error,
             }  # fmt: skip
     return stats
