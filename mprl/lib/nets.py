@@ -216,6 +216,37 @@ class ActorCritic(nn.Module):
             return actions.cpu().numpy()
         return torch.max(torch.min(actions, self.high), self.low).cpu().numpy()
 
+    def export_policy(self) -> nn.Module:
+        """:meth:`act` with ``deterministic=True`` as a module of tensor operations only, for
+        ``mprl export``: observations ``[B, *obs_shape]`` in, the env's actions ``[B, ...]``
+        out (argmax, or the Gaussian's mean clipped to the bounds). It shares this model's
+        parameters."""
+        return _GreedyPolicy(self)
+
+
+class _GreedyPolicy(nn.Module):
+    """An :class:`ActorCritic`'s most likely action (``act(obs, deterministic=True)``): only
+    the policy's side of the model, so an export holds no value network."""
+
+    def __init__(self, model: ActorCritic) -> None:
+        super().__init__()
+        self.state_shapes: dict[str, tuple[int, ...]] = {}  # feed-forward: no state
+        self.obs_norm = model.obs_norm
+        # gSDE's policy output is the mean and then its features: the mean is the net's own
+        self.net = model.pi if model.torso is None else nn.Sequential(model.torso, model.pi_head)
+        self.discrete = model.discrete
+        if not self.discrete:
+            self.register_buffer("low", model.low.detach().clone())
+            self.register_buffer("high", model.high.detach().clone())
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        if self.obs_norm is not None:
+            obs = self.obs_norm(obs)
+        out = self.net(obs)
+        if self.discrete:
+            return out.argmax(-1)
+        return torch.max(torch.min(out, self.high), self.low)
+
 
 def make_model(obs_space: gym.Space, act_space: gym.Space, config: ActorCriticConfig) -> nn.Module:
     """An :class:`ActorCritic` with the config's network fields (an ``Algorithm.make_model``):

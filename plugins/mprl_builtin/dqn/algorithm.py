@@ -168,6 +168,23 @@ class QNetwork(nn.Module):
             q = self(obs)
         return epsilon_greedy(q, 0.0 if deterministic else self.eps).numpy()
 
+    def export_policy(self) -> nn.Module:
+        """The greedy action (``act(obs, deterministic=True)``) as a module of tensor
+        operations only, for ``mprl export``; it shares this network's parameters."""
+        return _GreedyQ(self.q)
+
+
+class _GreedyQ(nn.Module):
+    """Observations ``[B, *obs_shape]`` -> the argmax of the Q values ``[B]`` (int64)."""
+
+    def __init__(self, q: nn.Module) -> None:
+        super().__init__()
+        self.q = q
+        self.state_shapes: dict[str, tuple[int, ...]] = {}
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.q(obs.reshape(obs.shape[0], -1).float()).argmax(1)
+
 
 def make_model(obs_space: gym.Space, act_space: gym.Space, config: DQNConfig) -> nn.Module:
     return QNetwork(obs_space, act_space, config)

@@ -208,6 +208,31 @@ class SACModel(nn.Module):
             squashed, _ = self.actor(self.flat(obs), deterministic)
         return self.to_env(squashed)
 
+    def export_policy(self) -> nn.Module:
+        """``act(obs, deterministic=True)`` (tanh of the mean, scaled to the bounds) as a
+        module of tensor operations only, for ``mprl export``: no critic in it. It shares
+        this model's parameters."""
+        return _GreedyActor(self)
+
+
+class _GreedyActor(nn.Module):
+    """Observations ``[B, *obs_shape]`` -> the actions ``[B, *action_shape]`` of a tanh-squashed
+    Gaussian's mean, as :meth:`SACModel.to_env` scales them."""
+
+    def __init__(self, model: SACModel) -> None:
+        super().__init__()
+        self.body, self.mu = model.actor.body, model.actor.mu
+        self.register_buffer("low", model.low.detach().clone())
+        self.register_buffer("high", model.high.detach().clone())
+        self.act_shape = model.act_shape
+        self.state_shapes: dict[str, tuple[int, ...]] = {}
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        squashed = torch.tanh(self.mu(F.relu(self.body(SACModel.flat(obs)))))
+        actions = self.low + (self.high - self.low) * (squashed + 1.0) / 2.0
+        actions = torch.max(torch.min(actions, self.high), self.low)  # (rounding at the bounds)
+        return actions.reshape(-1, *self.act_shape)
+
 
 def make_model(obs_space: gym.Space, act_space: gym.Space, config: SACConfig) -> nn.Module:
     if not isinstance(act_space, gym.spaces.Box):  # the algorithm's action_spaces refuse it first
