@@ -296,40 +296,6 @@ class _GreedyRecurrentPolicy(nn.Module):
         h = self.cell(features, state[0])
         return self.head(h), h
 
-    def export_policy(self) -> nn.Module:
-        """:meth:`act` with ``deterministic=True`` as a module of tensor operations only, for
-        ``mprl export``: ``(obs [B, *obs_shape], h [B, core_size], c [B, core_size])`` in
-        (an LSTM; a GRU has no ``c``), ``(actions, next h, next c)`` out. Only the policy's
-        core: its state is the first rows of :meth:`step`'s; an episode starts from zeros.
-        Its ``state_shapes`` names the state tensors and each env's shape. It shares this
-        model's parameters."""
-        return _GreedyRecurrentPolicy(self)
-
-
-class _GreedyRecurrentPolicy(nn.Module):
-    """A :class:`RecurrentActorCritic`'s most likely action, its policy core's state passed in
-    and out: ``forward(obs, h[, c]) -> (action, h[, c])``."""
-
-    def __init__(self, model: RecurrentActorCritic) -> None:
-        super().__init__()
-        tower = model.towers[0]  # the policy's (over images, the one both share)
-        self.obs_norm = model.obs_norm
-        self.encoder, self.cell = tower.encoder, tower.cell
-        self.lstm = model.core_kind == "lstm"
-        self.head = model.heads.export_policy()
-        names = ("h", "c") if self.lstm else ("h",)
-        self.state_shapes = {name: (model.core_size,) for name in names}
-
-    def forward(self, obs: torch.Tensor, *state: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        if self.obs_norm is not None:
-            obs = self.obs_norm(obs)
-        features = self.encoder(obs)
-        if self.lstm:
-            h, c = self.cell(features, (state[0], state[1]))
-            return self.head(h), h, c
-        h = self.cell(features, state[0])
-        return self.head(h), h
-
 
 def make_model(obs_space: gym.Space, act_space: gym.Space, config: Any) -> nn.Module:
     """A :class:`RecurrentActorCritic` where ``config.core`` names one (``lstm``, ``gru``), else

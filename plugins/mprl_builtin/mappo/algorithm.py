@@ -228,43 +228,6 @@ class _GreedyAgents(nn.Module):
             return out.argmax(-1)
         return torch.max(torch.min(out, self.high), self.low)
 
-    def export_policy(self) -> nn.Module:
-        """``act(obs, deterministic=True)`` as a module of tensor operations only, for ``mprl
-        export``: ``obs [B, A, features]`` in, every agent's action out (``[B, A]`` int64, or
-        ``[B, A, n]`` clipped to the bounds); no critic in it. It shares this model's
-        parameters."""
-        return _GreedyAgents(self)
-
-
-def per_agent(nets: nn.ModuleList, eye: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """``x [..., A, in]`` with each agent's one-hot id (a row of ``eye``) through each agent's
-    net (or the shared one): ``[..., A, out]``."""
-    x = torch.cat([x, eye.expand(*x.shape[:-1], eye.shape[0])], -1)
-    if len(nets) == 1:
-        return nets[0](x)
-    return torch.stack([net(x[..., i, :]) for i, net in enumerate(nets)], -2)
-
-
-class _GreedyAgents(nn.Module):
-    """Every agent's most likely action: the argmax of its logits, or its Gaussian's mean
-    clipped to the bounds."""
-
-    def __init__(self, model: AgentsModel) -> None:
-        super().__init__()
-        self.actors = model.actors
-        self.register_buffer("eye", model.eye.detach().clone())
-        self.discrete = model.discrete
-        if not self.discrete:
-            self.register_buffer("low", model.low.detach().clone())
-            self.register_buffer("high", model.high.detach().clone())
-        self.state_shapes: dict[str, tuple[int, ...]] = {}
-
-    def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        out = per_agent(self.actors, self.eye, obs.float())
-        if self.discrete:
-            return out.argmax(-1)
-        return torch.max(torch.min(out, self.high), self.low)
-
 
 def make_model(obs_space: gym.Space, act_space: gym.Space, config: MAPPOConfig) -> nn.Module:
     if config.core != "none":
