@@ -66,6 +66,19 @@ def hidden_spec(cfg, n_agents: int, steps: int, envs: int) -> dict:
     return {"hidden": ((chunks, rows, envs, n_agents, cfg.core_size), torch.float32)}
 
 
+def _step_agents(
+    nets: nn.ModuleList, x: torch.Tensor, h: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One step of every agent's net (or the shared one, over ``B x A`` rows): ``x [B, A, in]``
+    (ids in) from ``h [rows, B, A, size]`` -> ``([B, A, out], next h)``."""
+    b, a = x.shape[:2]
+    if len(nets) == 1:
+        out, h = nets[0].step(x.reshape(b * a, -1), h.reshape(h.shape[0], b * a, -1))
+        return out.view(b, a, -1), h.view(h.shape[0], b, a, -1)
+    steps = [net.step(x[:, i], h[:, :, i]) for i, net in enumerate(nets)]
+    return torch.stack([o for o, _ in steps], 1), torch.stack([s for _, s in steps], 2)
+
+
 class RecurrentAgentsModel(nn.Module):
     """Actors and critics of ``A`` agents with a recurrent core: the interface of
     :class:`~mprl_builtin.mappo.algorithm.AgentsModel` (``distribution``, ``to_env``,
@@ -115,12 +128,7 @@ class RecurrentAgentsModel(nn.Module):
         self, nets: nn.ModuleList, x: torch.Tensor, h: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``x [B, A, in]`` (ids in) from ``h [rows, B, A, size]``: ``([B, A, out], next h)``."""
-        b, a = x.shape[:2]
-        if len(nets) == 1:
-            out, h = nets[0].step(x.reshape(b * a, -1), h.reshape(h.shape[0], b * a, -1))
-            return out.view(b, a, -1), h.view(h.shape[0], b, a, -1)
-        steps = [net.step(x[:, i], h[:, :, i]) for i, net in enumerate(nets)]
-        return torch.stack([o for o, _ in steps], 1), torch.stack([s for _, s in steps], 2)
+        return _step_agents(nets, x, h)
 
     def _unroll(
         self, nets: nn.ModuleList, x: torch.Tensor, h: torch.Tensor, dones: torch.Tensor
@@ -221,3 +229,35 @@ class RecurrentAgentsModel(nn.Module):
         for row, j in enumerate(envs):
             self._acting[j] = h[:, row : row + 1]
         return self.to_env(actions)
+
+    def export_policy(self) -> nn.Module:
+        """``act(obs, deterministic=True)`` as a module of tensor operations only, for ``mprl
+        export``: ``(obs [B, A, features], h [B, A, core_size], c [B, A, core_size])`` in (an
+        LSTM; a GRU has no ``c``), ``(every agent's action, next h, next c)`` out; the actors'
+        state only, zeros at an episode's start. It shares this model's parameters."""
+        return _GreedyRecurrentAgents(self)
+
+
+class _GreedyRecurrentAgents(nn.Module):
+    """Every agent's most likely action, its actor's state passed in and out."""
+
+    def __init__(self, model: RecurrentAgentsModel) -> None:
+        super().__init__()
+        self.actors = model.actors
+        self.register_buffer("eye", model.eye.detach().clone())
+        self.discrete = model.discrete
+        if not self.discrete:
+            self.register_buffer("low", model.low.detach().clone())
+            self.register_buffer("high", model.high.detach().clone())
+        names = ("h", "c") if model.core_kind == "lstm" else ("h",)
+        self.state_shapes = {name: (model.n_agents, model.core_size) for name in names}
+
+    def forward(self, obs: torch.Tensor, *state: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        x = obs.float()
+        x = torch.cat([x, self.eye.expand(*x.shape[:-1], self.eye.shape[0])], -1)
+        out, h = _step_agents(self.actors, x, torch.stack(state))
+        if self.discrete:
+            actions = out.argmax(-1)
+        else:
+            actions = torch.max(torch.min(out, self.high), self.low)
+        return (actions, *h.unbind(0))
