@@ -157,9 +157,9 @@ def build(cls: type, values: Mapping[str, Any], source: str = "config") -> Any:
         # an old name becomes the new one; given both, the later wins, as for any repeated key
         key = deprecated.renamed_field(cls, key.replace("-", "_"), source)
         if key not in fields:
-            # a recurrent core is the built-in ppo's and impala's only: say where it is
+            # a recurrent core is the built-in ppo's, impala's, mappo's and ippo's only
             recurrent = key in ("core", "core_size")
-            where = "; recurrent policies (core=lstm|gru): --plugin ppo or impala"
+            where = "; recurrent policies (core=lstm|gru): --plugin ppo or impala (mappo, ippo)"
             where = where if recurrent else ""
             raise ConfigError(
                 f"{source}: unknown field {key!r}; known fields: {', '.join(sorted(fields))}"

@@ -56,3 +56,27 @@ def test_eval_and_plot_of_a_multi_agent_run_tell_each_agents_return(tmp_path):
     plot = cli("plot", str(run_dir), "--metric", "agents", "-o", str(out))
     assert plot.returncode == 0, plot.stderr
     assert out.stat().st_size > 10_000
+
+
+def test_rmappo_replays_the_workers_log_probs_and_its_eval_resets_each_agents_state(tmp_path):
+    """``--set core=gru``: spawned workers store each agent's hidden state at every chunk's
+    start; the learner's replay of the chunks gives the workers' log-probabilities before each
+    update (episodes of 6 steps end inside the chunks of 4). Eval plays the recurrent policy."""
+    run_dir = tmp_path / "run"
+    env = "mpe2:simple_spread_v3(N=3, max_cycles=6)"
+    proc = cli("run", "--plugin", "mappo", "--env", env, "--workers", "2", "--total-steps", "1200",
+               "--set", "core=gru", "--set", "envs_per_worker=4", "--set", "n_steps=10",
+               "--set", "data_chunk_length=4", "--run-dir", str(run_dir), "--quiet")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    losses = [r for r in read_metrics(run_dir) if "replay_logp_error" in r]
+    assert losses and all(r["replay_logp_error"] < 1e-5 for r in losses)
+    ev = cli("eval", str(run_dir), "--episodes", "3", "--seed", "4")
+    assert ev.returncode == 0, ev.stderr
+    result = json.loads((run_dir / "eval.json").read_text())
+    assert len(result["returns"]) == 3 and set(result["agents"]) == {
+        "agent_0",
+        "agent_1",
+        "agent_2",
+    }
+    again = cli("eval", str(run_dir), "--episodes", "3", "--seed", "4")
+    assert again.returncode == 0 and json.loads((run_dir / "eval.json").read_text()) == result
