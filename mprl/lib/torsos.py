@@ -74,8 +74,8 @@ class ImageScale(nn.Module):
         self.last = channels_last(shape)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        if self.last:
-            obs = obs.movedim(-1, -3)
+        if self.last:  # dims counted from the front: ONNX's Transpose takes no negative one
+            obs = obs.movedim(obs.dim() - 1, obs.dim() - 3)
         return obs.float() / 255.0
 
 

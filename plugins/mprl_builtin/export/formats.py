@@ -5,6 +5,7 @@ exporter with a dynamic batch axis, read with ``onnxruntime``)."""
 from __future__ import annotations
 
 import contextlib
+import copy
 import inspect
 import json
 import warnings
@@ -56,8 +57,10 @@ def write(policy: Policy, fmt: str, path: Path) -> str:
 
 
 def _write_torchscript(policy: Policy, path: Path) -> str:
+    # parameters that need no gradient: a player's outputs are plain tensors (.numpy() works)
+    module = copy.deepcopy(policy.module).requires_grad_(False)
     with torch.no_grad(), _quiet():
-        traced = torch.jit.trace(policy.module, policy.example, check_trace=False)
+        traced = torch.jit.trace(module, policy.example, check_trace=False)
         extra = {METADATA_FILE: json.dumps(policy.metadata(), indent=1)}
         torch.jit.save(traced, str(path), _extra_files=extra)
     return "TorchScript"
@@ -96,7 +99,8 @@ def runner(fmt: str, path: Path) -> Runner | None:
     """What plays the file at ``path`` (arrays in, arrays out); ``None`` for an ONNX file
     where onnxruntime is not installed."""
     if fmt == "torchscript":
-        module = torch.jit.load(str(path))
+        with _quiet():
+            module = torch.jit.load(str(path))
 
         def run_torchscript(*inputs: np.ndarray) -> list[np.ndarray]:
             with torch.no_grad():
