@@ -530,11 +530,14 @@ class MemoryReplay(_Bound):
         """The rows sampled to count on from after loading ``state``: its own count, less the
         ratio's share of rows it had that are not here (rows re-partitioned for another number
         of workers), so the learner is as far ahead or behind as it was; level with the rows
-        for a checkpoint without the count."""
+        for a checkpoint without the count, or one that counted none (a buffer declared
+        without a ratio counts no rows sampled: the built-in sac's before it declared one,
+        which would otherwise resume with a burst of updates for every row it holds)."""
         pace, added = self.pace, self.added()
-        if state.get("sampled") is None:
+        saved = state.get("sampled")
+        if saved is None or (pace is not None and int(saved) == 0):
             return 0 if pace is None else pace.caught_up(added)
-        sampled = int(state["sampled"])
+        sampled = int(saved)
         if pace is None or state.get("added") is None:
             return sampled
         return max(0, sampled - round(pace.ratio * (int(state["added"]) - added)))

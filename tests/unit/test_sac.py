@@ -101,3 +101,21 @@ def test_a_serial_run_repeats_exactly_for_a_seed():
     fixed = sac_serial(total_steps=400, seed=4, config={**config, "ent_coef": 0.05})
     alphas = [r["alpha"] for r in fixed.records if "alpha" in r]
     assert alphas and all(alpha == pytest.approx(0.05) for alpha in alphas)  # not tuned
+
+
+def test_a_checkpoint_of_sac_before_its_declared_replay_ratio_resumes_at_the_ratio(tmp_path):
+    """sac kept its replay ratio by hand before 0.2.0 declared it on the buffer: its
+    checkpoints count no rows sampled. Resumed, the learner carries on level with the rows it
+    has, one update per new env step, not with a burst of one update for every row."""
+    config = {**TINY, "learning_starts": 100}
+    first = sac_serial(total_steps=600, seed=2, config=config, run_dir=tmp_path / "a")
+    done = first.state.updates.value
+    assert 600 - 100 - SACConfig().max_lead <= done <= 500
+    path = tmp_path / "a" / "checkpoints" / "last.pt"
+    saved = torch.load(path, weights_only=True)
+    saved["shared_state"]["replay"]["sampled"] = torch.tensor(0)  # as sac saved it then
+    torch.save(saved, path)
+    more = sac_serial(total_steps=800, resume=tmp_path / "a", run_dir=tmp_path / "b")
+    assert more.summary.status == "finished" and more.summary.env_steps >= 800
+    # one update per new step at most: no burst of ~500 (one per row the checkpoint holds)
+    assert done < more.state.updates.value <= done + more.summary.env_steps - 600

@@ -169,6 +169,16 @@ def test_the_counts_are_checkpointed_and_follow_rows_moved_between_workers():
     old = {k: v for k, v in saved.items() if k not in ("sampled", "added")}
     d = MemoryReplay(ROW, 100, 2, share=False, pace=pace)
     assert d.load(old) and d.sampled() == pace.caught_up(10) == 12
+    # nor after one of a buffer without a ratio, which counted no rows sampled (sac's, before
+    # it declared its ratio): level too, not a burst of ratio * rows updates
+    unpaced = MemoryReplay(ROW, 100, 2, share=False)
+    unpaced.bind(0, never).add(**_rows(6))
+    unpaced.bind(1, never).add(**_rows(4))
+    unpaced.bind(2, never).sample(8)
+    assert int(unpaced.state()["sampled"]) == 0
+    e = MemoryReplay(ROW, 100, 2, share=False, pace=pace)
+    assert e.load(unpaced.state()) and e.counts() == (10, pace.caught_up(10), 0)
+    assert pace.learner_waits(*e.counts()[:2], want=1)  # it waits for the next rows
 
 
 # -- serial runs: waiting hands the turn on ---------------------------------------------------

@@ -4,7 +4,8 @@ Off-policy, for continuous (Box) actions: workers act with the newest published 
 (``schema.Weights``) and add every transition to a replay buffer (``schema.ReplayBuffer``); one
 train process samples it and updates twin Q networks, their target copies (``schema.Module``,
 checkpointed), a tanh-squashed Gaussian policy and the entropy coefficient, each with its own
-named optimizer. A ``schema.Counter`` of updates bounds the replay ratio.
+named optimizer. The replay ratio is declared on the buffer, and the backend keeps it; the parts
+are ``mprl.lib.continuous``'s.
 """
 
 from __future__ import annotations

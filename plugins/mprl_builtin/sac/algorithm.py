@@ -2,11 +2,17 @@
 samples it and runs Soft Actor-Critic (Haarnoja et al. 2018: twin Q networks with target copies,
 a tanh-squashed Gaussian policy, the entropy coefficient tuned to a target entropy).
 
-Replay ratio: the learner makes ``gradient_steps`` updates per ``steps_per_update`` env steps
-collected after ``learning_starts`` (SB3's ``train_freq`` / ``gradient_steps``): it waits for
-data when it is level with the workers, and the workers wait for it when they are ``max_lead``
-env steps ahead. On the serial backend that is SB3's loop; on the others the workers keep
-``max_lead`` steps of work ready for a learner that is slower than they are.
+The parts are :mod:`mprl.lib.continuous`'s: the twin critics (:class:`TwinQ`), their target
+copies (:class:`TargetNetwork`: updated on the learner's device), actions scaled from [-1, 1]
+onto the bounds (:func:`scale_action`), the warm-up's uniform actions (:func:`uniform_actions`).
+
+The replay ratio is declared (the buffer's ``replay_ratio``, as the built-in dqn's): the learner
+makes ``gradient_steps`` updates per ``steps_per_update`` env steps collected after
+``learning_starts`` (SB3's ``train_freq`` / ``gradient_steps``), so its ``sample`` waits for
+data when it is level with the workers, and a worker's ``add`` waits when the workers are
+``max_lead`` env steps ahead. The backend keeps it, on every backend. On the serial backend that
+is SB3's loop; on the others the workers keep ``max_lead`` steps of work ready for a learner that
+is slower than they are.
 """
 
 from __future__ import annotations
@@ -27,11 +33,11 @@ from torch.nn import functional as F
 import mprl
 from mprl import schema
 from mprl.errors import UsageError
+from mprl.lib.continuous import TargetNetwork, TwinQ, plain_mlp, scale_action, uniform_actions
 from mprl.lib.nets import Adam, field_help
 
 LOG_EVERY_UPDATES = 250  # the learner's report: by updates, not seconds (a serial run repeats)
 LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0  # SB3's clamp of the policy's log standard deviation
-IDLE_LOOKS = 16  # looks without a new env step before a learner waiting for data sleeps
 
 
 def _ent_coef(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
@@ -113,21 +119,25 @@ class SACConfig:
 #: MuJoCo (HalfCheetah, Hopper, Walker2d, Ant, Humanoid) is SB3's defaults but these
 PRESETS = {"mujoco": {"learning_starts": 10_000}}
 
+
+def replay_ratio(dims: schema.Dims) -> float:
+    """Transitions sampled per transition collected: ``gradient_steps * batch_size /
+    steps_per_update`` (SB3's ``train_freq``)."""
+    c: SACConfig = dims.config
+    return c.gradient_steps * c.batch_size / c.steps_per_update
+
+
 SCHEMA = schema.Schema(
-    replay=schema.ReplayBuffer(capacity="config.buffer_size"),  # rows shaped by the spaces
+    replay=schema.ReplayBuffer(
+        capacity="config.buffer_size",  # rows shaped by the spaces
+        replay_ratio=replay_ratio,
+        learning_starts="config.learning_starts",
+        max_lead="config.max_lead",
+    ),
     weights=schema.Weights(),  # the learner's model, published to the workers
     target=schema.Module(),  # a copy of the model: its critic is the target critic
-    updates=schema.Counter(),  # the learner's updates: how far workers may run ahead
+    updates=schema.Counter(),  # the learner's updates
 )
-
-
-def _mlp(n_in: int, hidden: tuple[int, ...], n_out: int) -> nn.Sequential:
-    layers: list[nn.Module] = []
-    for h in hidden:
-        layers += [nn.Linear(n_in, h), nn.ReLU()]
-        n_in = h
-    layers.append(nn.Linear(n_in, n_out))
-    return nn.Sequential(*layers)
 
 
 class Actor(nn.Module):
@@ -135,7 +145,7 @@ class Actor(nn.Module):
 
     def __init__(self, n_obs: int, n_act: int, hidden: tuple[int, ...]) -> None:
         super().__init__()
-        self.body = _mlp(n_obs, hidden[:-1], hidden[-1])
+        self.body = plain_mlp(n_obs, hidden[:-1], hidden[-1])
         self.mu = nn.Linear(hidden[-1], n_act)
         self.log_std = nn.Linear(hidden[-1], n_act)
 
@@ -161,19 +171,6 @@ class Actor(nn.Module):
         return torch.tanh(u), (gauss - squash).sum(-1)
 
 
-class TwinQ(nn.Module):
-    """Two Q networks over (observation, squashed action)."""
-
-    def __init__(self, n_obs: int, n_act: int, hidden: tuple[int, ...]) -> None:
-        super().__init__()
-        self.q1 = _mlp(n_obs + n_act, hidden, 1)
-        self.q2 = _mlp(n_obs + n_act, hidden, 1)
-
-    def forward(self, obs: torch.Tensor, act: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        x = torch.cat([obs, act], -1)
-        return self.q1(x).squeeze(-1), self.q2(x).squeeze(-1)
-
-
 class SACModel(nn.Module):
     """The policy, the twin critics and log(alpha); ``act`` plays it (``mprl eval``)."""
 
@@ -185,7 +182,7 @@ class SACModel(nn.Module):
         self.act_shape = tuple(act_space.shape)
         n_act = int(np.prod(self.act_shape))
         self.actor = Actor(n_obs, n_act, config.hidden)
-        self.critic = TwinQ(n_obs, n_act, config.hidden)
+        self.critic = TwinQ(n_obs, n_act, config.hidden)  # over (observation, squashed action)
         self.log_alpha = nn.Parameter(torch.full((1,), math.log(config.init_ent_coef)))
         low = torch.as_tensor(act_space.low, dtype=torch.float32).flatten()
         high = torch.as_tensor(act_space.high, dtype=torch.float32).flatten()
@@ -198,8 +195,7 @@ class SACModel(nn.Module):
 
     def to_env(self, squashed: torch.Tensor) -> np.ndarray:
         """Squashed actions ``[B, n_act]`` as the env takes them: ``[B, *action_shape]``."""
-        actions = self.low + (self.high - self.low) * (squashed + 1.0) / 2.0
-        actions = torch.clamp(actions, self.low, self.high)  # (rounding at the bounds)
+        actions = scale_action(squashed, self.low, self.high)  # clamped: rounding at the bounds
         return actions.reshape(-1, *self.act_shape).numpy()
 
     def act(self, obs: torch.Tensor, deterministic: bool = False) -> np.ndarray:
@@ -265,16 +261,12 @@ def alpha_optimizer(model: SACModel, config: SACConfig) -> torch.optim.Optimizer
     return _adam([model.log_alpha], config)
 
 
-def _consumed(cfg: SACConfig, updates: int) -> float:
-    """The env steps (after ``learning_starts``) that ``updates`` updates stand for."""
-    return updates * cfg.steps_per_update / cfg.gradient_steps
-
-
 def worker(ctx: mprl.Context) -> None:
     """Step one env with the newest published policy (uniformly random actions for the first
-    ``learning_starts`` env steps of the run); every transition goes to the replay buffer."""
+    ``learning_starts`` env steps of the run); every transition goes to the replay buffer
+    (whose ``add`` waits while the workers are ``max_lead`` env steps ahead of the learner)."""
     cfg: SACConfig = ctx.config
-    replay, weights, updates = ctx.state.replay, ctx.state.weights, ctx.state.updates
+    replay, weights = ctx.state.replay, ctx.state.weights
     local: SACModel = copy.deepcopy(ctx.model)  # type: ignore[assignment]
     version = -1
     generator = torch.Generator().manual_seed(ctx.seed)
@@ -284,16 +276,11 @@ def worker(ctx: mprl.Context) -> None:
     episode_return, length = 0.0, 0
     try:
         while not ctx.should_stop():
-            steps = ctx.env_steps
-            if steps - cfg.learning_starts - cfg.max_lead >= _consumed(cfg, updates.value):
-                # ahead of the learner: wait for its next update (None: the run stops)
-                weights.wait(version)
-                version = weights.pull(local, version)
-                continue
             version = weights.pull(local, version)
             obs_t = SACModel.flat(torch.as_tensor(obs)[None])
-            if steps < cfg.learning_starts:
-                squashed = torch.rand((1, n_act), generator=generator) * 2.0 - 1.0
+            if ctx.env_steps < cfg.learning_starts:  # in [-1, 1], as the policy's
+                squashed = uniform_actions(env.action_space, 1, generator, normalized=True)
+                squashed = squashed.reshape(1, n_act)
             else:
                 with torch.no_grad():
                     squashed, _ = local.actor(obs_t, generator=generator)
@@ -316,42 +303,31 @@ def worker(ctx: mprl.Context) -> None:
 
 
 def train(ctx: mprl.Context) -> None:
-    """Sample the replay buffer and update critics, policy and alpha, at the replay ratio."""
+    """Sample the replay buffer at the declared replay ratio (``sample`` waits for the workers,
+    and returns ``None`` once the run stops) and update critics, policy and alpha."""
     cfg: SACConfig = ctx.config
-    replay, weights, target, updates = (
-        ctx.state.replay, ctx.state.weights, ctx.state.target, ctx.state.updates,
-    )  # fmt: skip
+    replay, weights, updates = ctx.state.replay, ctx.state.weights, ctx.state.updates
     model: SACModel = ctx.model  # type: ignore[assignment]  # (--device: a copy there)
     optimizers = ctx.optimizers
-    # the target critics this process updates, on its device; copied into the shared state's
-    # (which checkpoints keep) every LOG_EVERY_UPDATES updates and at the end
-    target_critic = copy.deepcopy(target.critic).to(ctx.device)
+    # the target critics, updated on this process's device: on a GPU a copy there, loaded into
+    # the shared state's (which checkpoints keep) every LOG_EVERY_UPDATES updates and at the end
+    target = TargetNetwork(ctx.state.target.critic, ctx.device, sync_every=LOG_EVERY_UPDATES)
     sampling = torch.Generator().manual_seed(ctx.seed)  # which rows (on the CPU)
     noise = torch.Generator(device=ctx.device).manual_seed(ctx.seed + 1)  # the policy's samples
     n_act = int(np.prod(model.act_shape))
     target_entropy = -float(n_act) if cfg.target_entropy is None else cfg.target_entropy
     critic_params = list(model.critic.parameters())
-    idle, seen, report = 0, -1, {}
+    report: dict[str, torch.Tensor] = {}
     last_log, updates_at_log = time.monotonic(), updates.value
-    while not ctx.should_stop():
-        done, steps = updates.value, ctx.env_steps
-        batch = None
-        if steps - cfg.learning_starts > _consumed(cfg, done):
-            batch = replay.sample(cfg.batch_size, sampling)
-        if batch is None:  # level with the workers: wait for their next steps
-            # sleep only while they take none: on the serial backend every look at
-            # should_stop() gives them a turn (a step), and a sleep would stall them too
-            idle, seen = (idle + 1, seen) if steps == seen else (0, steps)
-            if idle > IDLE_LOOKS:
-                time.sleep(0.001)
-            continue
-        idle = 0
-        report = _update(cfg, model, optimizers, target_critic, critic_params,
+    while not ctx.should_stop():  # (and at once when the learner has rows to spare)
+        batch = replay.sample(cfg.batch_size, sampling)  # waits while level with the workers
+        if batch is None:  # the run stops
+            break
+        report = _update(cfg, model, optimizers, target, critic_params,
                          ctx.to_device(batch), target_entropy, noise, weights, updates)  # fmt: skip
-        if (done + 1) % LOG_EVERY_UPDATES == 0:
-            target.critic.load_state_dict(target_critic.state_dict())
+        if updates.value % LOG_EVERY_UPDATES == 0:
             last_log, updates_at_log = _log(ctx, report, updates.value, last_log, updates_at_log)
-    target.critic.load_state_dict(target_critic.state_dict())
+    target.sync()  # the newest target critics in the shared state, for the last checkpoint
     if report and updates.value > updates_at_log:  # the last stretch, so short runs report too
         _log(ctx, report, updates.value, last_log, updates_at_log)
 
@@ -370,7 +346,7 @@ def _update(
     cfg: SACConfig,
     model: SACModel,
     optimizers: dict[str, torch.optim.Optimizer],
-    target_critic: TwinQ,
+    target: TargetNetwork,
     critic_params: list[torch.Tensor],
     batch: dict[str, torch.Tensor],
     target_entropy: float,
@@ -396,7 +372,7 @@ def _update(
 
     with torch.no_grad():
         next_squashed, next_logp = model.actor(next_obs, generator=generator)
-        next_q = torch.min(*target_critic(next_obs, next_squashed))
+        next_q = target.module.min(next_obs, next_squashed)
         wanted = rewards + cfg.gamma * (1.0 - dones) * (next_q - alpha * next_logp)
     q1, q2 = model.critic(obs, actions)
     critic_loss = 0.5 * (F.mse_loss(q1, wanted) + F.mse_loss(q2, wanted))
@@ -406,7 +382,7 @@ def _update(
 
     for p in critic_params:  # the policy's loss needs no gradients of the critics' weights
         p.requires_grad_(False)
-    q_pi = torch.min(*model.critic(obs, squashed))
+    q_pi = model.critic.min(obs, squashed)
     actor_loss = (alpha * logp - q_pi).mean()
     optimizers["actor"].zero_grad()
     actor_loss.backward()
@@ -416,8 +392,7 @@ def _update(
         optimizers["actor"].step()
         updates.add(1)  # counted before the version shows: a worker woken by it sees it
 
-    with torch.no_grad():
-        torch._foreach_lerp_(list(target_critic.parameters()), critic_params, cfg.tau)
+    target.polyak(model.critic, cfg.tau)  # in place, where the target lives
     return {  # tensors: read when logged, so a GPU is not waited for after every update
         "critic_loss": critic_loss.detach(),
         "actor_loss": actor_loss.detach(),
