@@ -24,6 +24,7 @@ TOPIC_PAGES = [
     "architecture.md",
     "plugins.md",
     "sweeps.md",
+    "export.md",
 ]
 PAGES = [README, *(DOCS / name for name in TOPIC_PAGES)]
 
@@ -70,7 +71,7 @@ def help_text(subcommand: str, capsys: pytest.CaptureFixture[str]) -> str:
 def test_subcommands_and_their_flags_exist(page: Path, capsys: pytest.CaptureFixture[str]) -> None:
     used = commands(page.read_text())
     subcommands = {sub for sub, _ in used}
-    assert subcommands <= {"run", "sweep", "plugins", "eval", "plot", "runs"}, subcommands
+    assert subcommands <= {"run", "sweep", "export", "plugins", "eval", "plot", "runs"}, subcommands
     unknown = []
     for sub in sorted(subcommands):
         usage = help_text(sub, capsys)
