@@ -18,6 +18,7 @@ from mprl import schema
 from mprl.lib.envbatch import EnvBatch, rollout_spec
 from mprl.lib.nets import MIN_LR_FRACTION, ActorCritic, ActorCriticConfig, annealed_lr, field_help
 from mprl.lib.recurrent import core_field, core_size_field, is_recurrent
+from mprl.lib.sequences import chunk
 from mprl.transport import RolloutSlots, WeightBroadcast
 
 LOG_EVERY_S = 2.0  # how often the learner reports losses and rates
@@ -66,10 +67,19 @@ class PPOConfig(ActorCriticConfig):
         validator=v.gt(0.0),
         metadata=field_help("rewards are multiplied by this to learn"),
     )
-    # a recurrent core: each minibatch is whole env sequences of n_steps (minibatch_size //
-    # n_steps envs), replayed from the state stored at the rollout's start
+    # a recurrent core: each minibatch is chunks of data_chunk_length steps of the envs'
+    # sequences (minibatch_size // data_chunk_length chunks), each replayed from the state at
+    # its start
     core: str = core_field()
     core_size: int = core_size_field()
+    data_chunk_length: int = attrs.field(
+        default=8,
+        validator=v.ge(0),
+        metadata=field_help(
+            "recurrent core: steps of each training sequence (chunks of the rollouts, each "
+            "replayed from the hidden state at its start); 0: whole rollouts"
+        ),
+    )
 
 
 #: config by workload (``Algorithm.presets``), under the user's own values
@@ -182,15 +192,16 @@ def _data(
     cfg: PPOConfig, model: ActorCritic, batch: dict[str, torch.Tensor]
 ) -> tuple[torch.Tensor, ...]:
     """What the updates learn from: observations, actions, old log-probabilities, advantages,
-    returns and old values, one row per sample; with a recurrent model, ``[T, N]`` sequences
-    (env ``N``'s rollout) instead, and the dones and the start states ``[k, N, size]`` too."""
+    returns and old values, one row per sample; with a recurrent model, ``[L, C]`` sequences
+    instead (the rollouts cut into chunks of ``data_chunk_length`` steps, :func:`_replay`),
+    the dones, the start states ``[k, C, size]`` and the padding mask too."""
     obs = batch["obs"].flatten(1, 2)  # [T + 1, N, ...]
     dones = batch["done"].flatten(1, 2)
     t_len, n = dones.shape
+    length = (cfg.data_chunk_length or t_len) if "state" in batch else t_len
     with torch.no_grad():
         if "state" in batch:
-            state = batch["state"].flatten(1, 2)  # [k, N, size]
-            values = model.unroll(obs, state, dones)[1]  # type: ignore[operator]
+            values, starts = _replay(model, obs, batch["state"].flatten(1, 2), dones, length)
         else:
             values = model.value(obs.flatten(0, 1)).view(t_len + 1, n)
     rewards = batch["reward"].flatten(1, 2) * cfg.reward_scale
@@ -198,7 +209,9 @@ def _data(
     returns = advantages + values[:-1]
     actions, logp = batch["action"].flatten(1, 2), batch["logp"].flatten(1, 2)
     if "state" in batch:
-        return obs[:-1], actions, logp, advantages, returns, values[:-1], dones, state
+        rows = (obs[:-1], actions, logp, advantages, returns, values[:-1], dones)
+        valid = chunk(torch.ones_like(dones), length)  # 0: the padding of a last chunk
+        return (*(chunk(r, length) for r in rows), valid, starts)
     return (
         obs[:-1].flatten(0, 1),
         actions.flatten(0, 1),
@@ -207,6 +220,25 @@ def _data(
         returns.flatten(),
         values[:-1].flatten(),
     )
+
+
+def _replay(
+    model: Any, obs: torch.Tensor, state: torch.Tensor, dones: torch.Tensor, length: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A recurrent model over the rollouts ``obs [T + 1, N, ...]`` from their start state
+    ``[k, N, size]``, chunk by chunk of ``length`` steps: the values ``[T + 1, N]`` and the
+    state at each chunk's start ``[k, C x N, size]`` (chunk ``c`` of env ``j`` at ``c x N +
+    j``): what the worker's state was there, the policy being the worker's."""
+    values, starts = [], []
+    for begin in range(0, obs.shape[0], length):
+        if begin:  # an episode that ended before the chunk starts it from zeros
+            state = state * (1.0 - dones[begin - 1]).view(1, -1, 1)
+        if begin < dones.shape[0]:
+            starts.append(state)
+        end = begin + length
+        _, chunk_values, state = model.unroll(obs[begin:end], state, dones[begin:end])
+        values.append(chunk_values)
+    return torch.cat(values), torch.cat(starts, 1)
 
 
 def _log(
@@ -226,7 +258,8 @@ def _update(
     generator: torch.Generator,
 ) -> dict[str, float]:
     """``cfg.epochs`` passes of minibatch updates; the last minibatch's numbers. With a
-    recurrent model a minibatch is whole env sequences, ``minibatch_size // T`` envs of them."""
+    recurrent model a minibatch is chunks of the env sequences, ``minibatch_size // L`` of
+    them (their padding left out of the losses)."""
     recurrent = is_recurrent(model)
     size = data[0].shape[1] if recurrent else data[0].shape[0]
     per = max(1, cfg.minibatch_size // data[0].shape[0]) if recurrent else cfg.minibatch_size
@@ -237,10 +270,12 @@ def _update(
             if ctx.should_stop():  # an update of big batches takes seconds: stop in time
                 return stats
             if recurrent:
-                obs, *rest, dones, state = (d[:, index] for d in data)
+                obs, *rest, dones, valid = (d[:, index] for d in data[:-1])
+                state = data[-1][:, index]
                 out, values, _ = model.unroll(obs, state, dones)  # type: ignore[operator]
-                out, values = out.flatten(0, 1), values.flatten()
-                samples = tuple(d.flatten(0, 1) for d in rest)
+                real = valid.flatten() > 0
+                out, values = out.flatten(0, 1)[real], values.flatten()[real]
+                samples = tuple(d.flatten(0, 1)[real] for d in rest)
             else:
                 obs, *rest = (d[index] for d in data)
                 out, values = model(obs)
