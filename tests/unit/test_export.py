@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
 
 import gymnasium as gym
@@ -16,6 +17,7 @@ import pytest
 import torch
 
 import mprl
+from mprl.errors import UsageError
 from mprl.lib.nets import ActorCritic
 from mprl.lib.recurrent import RecurrentActorCritic
 from mprl.spaces import AgentBox
@@ -262,3 +264,19 @@ def test_the_command_says_what_it_wrote_and_force_overwrites(a3c_run, tmp_path, 
     assert main(["export", str(a3c_run / "checkpoints" / "last.pt")]) == 0  # beside the run
     assert "TorchScript" in capsys.readouterr().out and (a3c_run / "policy.pt").is_file()
     (a3c_run / "policy.pt").unlink()
+
+
+def test_onnx_without_its_packages_says_what_to_install_or_what_was_not_checked(
+    a3c_run, tmp_path, monkeypatch
+):
+    pm = plugin_manager(a3c)
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # written, but not played back
+    done = export_run(a3c_run, tmp_path / "p.onnx", plugins=pm)
+    assert done.checked == 'not checked: onnxruntime is not installed (pip install "mprl[onnx]")'
+    assert done.path.is_file() and done.kind == "ONNX opset 17"
+    monkeypatch.setitem(sys.modules, "onnx", None)
+    with pytest.raises(
+        UsageError, match=r'^--format onnx needs the onnx package: pip install "mprl\[onnx\]"$'
+    ):
+        export_run(a3c_run, tmp_path / "q.onnx", plugins=pm)
+    assert not list(tmp_path.glob("*q.onnx*"))
