@@ -225,9 +225,7 @@ class _GreedyActor(nn.Module):
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         squashed = torch.tanh(self.mu(F.relu(self.body(SACModel.flat(obs)))))
-        actions = self.low + (self.high - self.low) * (squashed + 1.0) / 2.0
-        actions = torch.max(torch.min(actions, self.high), self.low)  # (rounding at the bounds)
-        return actions.reshape(-1, *self.act_shape)
+        return scale_action(squashed, self.low, self.high).reshape(-1, *self.act_shape)
 
 
 def make_model(obs_space: gym.Space, act_space: gym.Space, config: SACConfig) -> nn.Module:
