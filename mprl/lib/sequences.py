@@ -18,6 +18,7 @@ a multiple of the length.
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import torch
 from torch import nn
@@ -35,7 +36,9 @@ def _shell(lstm: bool, n_in: int, size: int) -> nn.Module:
     return (nn.LSTM if lstm else nn.GRU)(n_in, size)
 
 
-def run_cell(cell: nn.Module, x: torch.Tensor | nn.utils.rnn.PackedSequence, state: torch.Tensor):
+def run_cell(
+    cell: nn.Module, x: torch.Tensor | nn.utils.rnn.PackedSequence, state: torch.Tensor
+) -> tuple[Any, torch.Tensor]:
     """``cell`` (an ``nn.GRUCell`` or ``nn.LSTMCell``) over the sequences ``x`` ``[L, B, in]``
     (or a packed sequence) in one call from ``state`` ``[k, B, size]`` (an LSTM's ``h`` and
     ``c``, a GRU's ``h``): ``(outputs, state after the last step)``."""
@@ -75,7 +78,9 @@ class Segments:
         self.tails = self.piece.view(n, length)[:, -1]  # and its last
         self.longest = int(self.lengths.max())
 
-    def run(self, cell: nn.Module, x: torch.Tensor, state: torch.Tensor):
+    def run(
+        self, cell: nn.Module, x: torch.Tensor, state: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """``cell`` over ``x`` ``[L, N, in]`` from ``state`` ``[k, N, size]`` (the state
         before step 0), zeroed at the episode ends: ``(outputs [L, N, size], the state after
         each sequence's last step [k, N, size])``."""
