@@ -506,7 +506,9 @@ class Module(Field):
     optimizers are copies there, but not its modules: keep a copy on ``ctx.device``
     (``copy.deepcopy(ctx.state.target).to(ctx.device)``), and load it back into the field
     (``ctx.state.target.load_state_dict(mine.state_dict())``) when it changes, so checkpoints
-    hold it (the built-in ``sac`` does)."""
+    hold it. ``mprl.lib.continuous.TargetNetwork(ctx.state.target, ctx.device)`` does both for
+    a target network (the field itself on the CPU, a copy on a GPU), with its Polyak update
+    (the built-in ``sac`` and ``examples/mprl-td3`` use it)."""
 
     kind: ClassVar[str] = "Module"
     make: Callable[..., torch.nn.Module] | None = None

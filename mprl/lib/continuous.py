@@ -147,6 +147,8 @@ def box_bounds(space: gym.Space) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _like(bound: Any, action: torch.Tensor) -> torch.Tensor:
+    if isinstance(bound, torch.Tensor):  # (itself when it matches: a traced module's buffer)
+        return bound.to(dtype=action.dtype, device=action.device)
     return torch.as_tensor(bound, dtype=action.dtype, device=action.device)
 
 

@@ -67,8 +67,10 @@ def test_every_file_of_the_repository_a_page_cites_exists(page):
 
 
 def test_the_reference_answers_what_plugin_authors_asked():
-    # the off-policy example is a built-in plugin, not the test suite's
-    assert "`plugins/mprl_builtin/dqn`" in REFERENCE and "tests/plugins/mprl_dqn" not in REFERENCE
+    # the off-policy example is a third-party example with its README and tests, not the test
+    # suite's plugin nor a built-in's sources
+    assert "`examples/mprl-td3` is a complete one" in REFERENCE
+    assert "tests/plugins/mprl_dqn" not in REFERENCE and "plugins/mprl_builtin/dqn" not in REFERENCE
     # a Module stays on the CPU under --device; classes on a Queue are unpickled by the server
     assert "a `schema.Module` (a target network) too" in REFERENCE
     assert "Your own classes on a `Queue`" in REFERENCE
