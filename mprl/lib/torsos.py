@@ -42,14 +42,23 @@ def _hidden(n_in: int, hidden: tuple[int, ...], activation: str) -> tuple[list[n
 def mlp(
     n_in: int, hidden: tuple[int, ...], n_out: int, out_gain: float, activation: str = "tanh"
 ) -> nn.Sequential:
-    """A multi-layer perceptron ``n_in -> hidden... -> n_out``, initialised as PPO's
-    implementations do (Huang et al. 2022, "The 37 implementation details of PPO"): every
-    weight matrix orthogonal, every bias zero; the hidden layers with gain ``sqrt(2)`` (ReLU's
-    gain, which those use for ``tanh`` too), each followed by ``activation``
-    (:data:`ACTIVATIONS`); the output layer linear, with gain ``out_gain``.
+    """A multi-layer perceptron ``n_in -> hidden... -> n_out`` (also importable as
+    ``mprl.lib.nets.mlp``), initialised as PPO's implementations do (Huang et al. 2022, "The
+    37 implementation details of PPO"): every weight matrix orthogonal
+    (``nn.init.orthogonal_``), every bias zero; the hidden layers with gain ``sqrt(2)``
+    (ReLU's gain, which those use for ``tanh`` too), each followed by ``activation``
+    (:data:`ACTIVATIONS`: ``"tanh"`` or ``"relu"``); the output layer linear, with gain
+    ``out_gain``. An ``nn.Sequential`` of ``[Linear, activation] * len(hidden) + [Linear]``:
+    ``net[-1]`` is the output layer, ``net[:-1]`` the hidden features.
 
-    ``out_gain`` sets the output's scale at the start: 0.01 for a policy's logits or means (a
-    nearly uniform first policy, whatever the observation), 1.0 for a value.
+    ``out_gain`` is the orthogonal initialisation's gain of the output layer alone: every
+    singular value of its weight matrix is ``out_gain``, so it sets the scale of the
+    outputs at the start, relative to the last hidden layer's features (whose values are of
+    order 1). 0.01 for a policy's logits or Gaussian means (a nearly uniform first policy,
+    whatever the observation), 1.0 for a value or a Q value (of the scale of the features,
+    so its first errors give gradients of that scale). A network initialised as PyTorch's
+    ``nn.Linear`` is (as TD3's and SAC's authors' code) is
+    :func:`mprl.lib.continuous.plain_mlp`.
     """
     layers, n_in = _hidden(n_in, hidden, activation)
     return nn.Sequential(*layers, _init(nn.Linear(n_in, n_out), out_gain))

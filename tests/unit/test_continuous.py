@@ -287,3 +287,17 @@ def test_a_plain_mlp_has_torchs_default_initialisation():
     torch.manual_seed(0)  # the same layers, built in the same order, as nn.Linear would
     expected = nn.Linear(50, 200)
     assert torch.equal(net[0].weight, expected.weight)
+
+
+@pytest.mark.parametrize("out_gain", [0.01, 1.0])
+def test_mlp_is_initialised_as_its_docstring_says(out_gain):
+    """mprl.lib.nets.mlp, the other MLP: orthogonal weights (every singular value the gain),
+    zero biases, sqrt(2) for the hidden layers and out_gain for the output layer."""
+    from mprl.lib.nets import mlp
+
+    net = mlp(12, (64, 32), 5, out_gain, "relu")
+    assert [type(m) for m in net] == [nn.Linear, nn.ReLU, nn.Linear, nn.ReLU, nn.Linear]
+    for layer, gain in ((net[0], math.sqrt(2)), (net[2], math.sqrt(2)), (net[-1], out_gain)):
+        singular = torch.linalg.svdvals(layer.weight.detach())
+        torch.testing.assert_close(singular, torch.full_like(singular, gain))
+        assert torch.equal(layer.bias, torch.zeros_like(layer.bias))
