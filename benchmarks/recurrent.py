@@ -2,6 +2,11 @@
 on simple_spread, each with and without ``--set core=gru``, in one invocation.
 
     python benchmarks/recurrent.py [--repeats 3] [--ppo-steps 40000] [--mappo-steps 20000]
+    python benchmarks/recurrent.py --cases "ppo core=gru" --before DIR   # against older code
+
+``--before DIR`` adds each case run on the code in ``DIR`` (its ``mprl`` and ``plugins``, as
+``git archive COMMIT mprl plugins | tar -x -C DIR`` gives them, first on ``PYTHONPATH``), as
+"CASE (before)", interleaved with the current code's.
 
 Runs, interleaved (repeat 1: every case, repeat 2: ...), ``python -m mprl run --plugin P --env
 E --total-steps S --target-return 1e9`` (defaults otherwise: 2 workers) for each case, each in a
@@ -16,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -46,14 +52,17 @@ def rate(run_dir: Path) -> float:
     return (last["step"] - first["step"]) / max(last["wall"] - first["wall"], 1e-9)
 
 
-def one(case: str, steps: int, workers: int) -> dict[str, float]:
+def one(case: str, steps: int, workers: int, before: str | None = None) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "run"
         args = [sys.executable, "-m", "mprl", "run", *CASES[case], "--workers", str(workers),
                 "--total-steps", str(steps), "--target-return", "1e9", "--run-dir",
                 str(run_dir), "--quiet"]  # fmt: skip
+        env = dict(os.environ)
+        if before is not None:  # older code first on the path: mprl and the built-in plugins
+            env["PYTHONPATH"] = os.pathsep.join([before, os.path.join(before, "plugins")])
         start = time.monotonic()
-        subprocess.run(args, check=True, capture_output=True, cwd=tmp)
+        subprocess.run(args, check=True, capture_output=True, cwd=tmp, env=env)
         command_s = time.monotonic() - start
         summary = json.loads((run_dir / "summary.json").read_text())
         return {
@@ -70,23 +79,36 @@ def main() -> None:
     parser.add_argument("--mappo-steps", type=int, default=20000)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--out", default="benchmarks/results/recurrent.json")
+    parser.add_argument("--cases", default=",".join(CASES), help="comma-separated, of CASES")
+    parser.add_argument("--before", default=None, help="older code's folder (see above)")
     args = parser.parse_args()
-    results: dict[str, list[dict[str, float]]] = {case: [] for case in CASES}
+    cases = args.cases.split(",")
+    runs = [(case, None) for case in cases]
+    if args.before:
+        runs += [(case, args.before) for case in cases]
+    results: dict[str, list[dict[str, float]]] = {}
     for repeat in range(args.repeats):
-        for case in CASES:
+        for case, before in runs:
             steps = args.ppo_steps if case.startswith("ppo") else args.mappo_steps
-            results[case].append(one(case, steps, args.workers))
-            print(f"repeat {repeat + 1} {case}: {results[case][-1]['steps_per_s']:,.0f} steps/s",
+            name = case if before is None else f"{case} (before)"
+            results.setdefault(name, []).append(one(case, steps, args.workers, before))
+            print(f"repeat {repeat + 1} {name}: {results[name][-1]['steps_per_s']:,.0f} steps/s",
                   flush=True)  # fmt: skip
     print("\n| case | env steps/s, median (min-max) | command s |")
     print("|---|---|---|")
-    for case, runs in results.items():
-        rates = median_range([r["steps_per_s"] for r in runs], ",.0f")
-        print(f"| {case} | {rates} | {median_range([r['command_s'] for r in runs], '.1f')} |")
-    print("\n| pair | recurrent / feed-forward, median (min-max) over repeats |")
+    for name, each_run in results.items():
+        rates = median_range([r["steps_per_s"] for r in each_run], ",.0f")
+        seconds = median_range([r["command_s"] for r in each_run], ".1f")
+        print(f"| {name} | {rates} | {seconds} |")
+    print("\n| pair | ratio, median (min-max) over repeats |")
     print("|---|---|")
     ratios = {}
-    for name, (ff, rec) in PAIRS.items():
+    pairs = dict(PAIRS)
+    if args.before:
+        pairs.update({f"{case}: now / before": (f"{case} (before)", case) for case in cases})
+    for name, (ff, rec) in pairs.items():
+        if ff not in results or rec not in results:
+            continue
         each = [
             r["steps_per_s"] / f["steps_per_s"]
             for f, r in zip(results[ff], results[rec], strict=True)

@@ -84,6 +84,33 @@ def test_ppo_minibatches_replay_the_workers_log_probs(core, monkeypatch):
         torch.testing.assert_close(logp, recorded, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize(("core", "chunk"), [("gru", 5), ("lstm", 0)])
+def test_ppo_chunks_padded_or_whole_replay_the_workers_log_probs(core, chunk, monkeypatch):
+    """Chunks of 5 steps of 24-step rollouts (the last of each padded: the padding is left out
+    of the losses) or whole rollouts (``data_chunk_length=0``), each replayed from the state at
+    its start: every real sample once an epoch, at the worker's log-probability."""
+    cfg = ppo.PPOConfig(core=core, n_steps=24, envs_per_worker=6, minibatch_size=45, epochs=1,
+                        data_chunk_length=chunk)  # fmt: skip
+    model, envs, slot = _setup(cfg, limit=9, envs=6, steps=24)
+    envs.rollout(model, slot)
+    envs.rollout(model, slot)
+    data = ppo._data(cfg, model, _taken(slot))
+    assert data[0].shape[:2] == ((5, 30) if chunk else (24, 6))
+    seen = []
+
+    def step(cfg, model, optimizer, out, values, actions, old_logp, *rest):
+        seen.append((model.log_prob_entropy(out, actions)[0], old_logp))
+        return {}
+
+    monkeypatch.setattr(ppo, "_step", step)
+    ppo._update(Ctx(9), cfg, model, None, data, torch.Generator().manual_seed(1))
+    assert sum(len(logp) for logp, _ in seen) == 24 * 6  # every real sample, no padding
+    for logp, recorded in seen:
+        torch.testing.assert_close(logp, recorded, rtol=0, atol=1e-6)
+    replayed = torch.cat([r for _, r in seen]).sort().values
+    torch.testing.assert_close(replayed, slot["logp"].flatten().sort().values, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("core", ["lstm", "gru"])
 def test_impala_update_replays_the_workers_log_probs(core, monkeypatch):
     """impala's V-trace sees log(target / behaviour) = 0 for an unchanged policy: the policy
