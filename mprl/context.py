@@ -190,9 +190,15 @@ class Context:
         """True once the run is stopping (solved, budget spent, Ctrl-C, a crash elsewhere).
 
         Cheap (a shared-memory read, no Manager round trip): call it every step. It is also
-        this process's heartbeat, like :meth:`add_steps` and :meth:`log`.
+        this process's heartbeat, like :meth:`add_steps` and :meth:`log`. With an env-step
+        budget (``--total-steps``) it is true as soon as the run's count (:attr:`env_steps`)
+        reaches it, without waiting for the main process to say so: a worker that checks it
+        before each rollout goes at most one rollout past the budget.
         """
-        return self.channel.should_stop(self._slot)
+        if self.channel.should_stop(self._slot):
+            return True
+        total = self.run.total_steps
+        return total is not None and self.channel.env_steps() >= total
 
     def add_steps(self, n: int) -> None:
         """Count ``n`` environment steps taken by this process (shared memory, no round trip)."""

@@ -140,9 +140,15 @@ class Job:
         return fn
 
 
-def end_reason(job: Job, done: Sequence[Role]) -> str | None:
-    """Why a job is over once the processes ``done`` have returned: the train process
-    returned, or every worker did; ``None`` while it goes on."""
+def end_reason(job: Job, done: Sequence[Role], steps: int = 0) -> str | None:
+    """Why a job is over once the processes ``done`` have returned: the env-step budget is
+    spent (``steps``: the run's count; its processes stop by themselves then), the train
+    process returned, or every worker did; ``None`` while it goes on."""
+    if not done:
+        return None
+    total = job.run.total_steps
+    if total is not None and steps >= total:
+        return "total steps reached"
     if any(r.kind == "trainer" for r in done):
         return "trainer finished"
     if sum(r.kind == "worker" for r in done) == job.run.workers:

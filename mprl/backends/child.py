@@ -31,6 +31,9 @@ from mprl.files import open_new
 
 #: how often a learner on a GPU copies its optimizer state back to the shared (checkpointed) one
 OPTIMIZER_SYNC_S = 2.0
+#: the longest a child near the run's env-step budget waits for the run's count
+#: (:meth:`ChildChannel.add_steps`)
+BUDGET_WAIT_S = 1.0
 
 
 @attrs.frozen
@@ -233,13 +236,21 @@ class ChildChannel:
     """A :class:`mprl.context.Channel` of plain attributes, one per child, for a backend whose
     child runs in the main process's memory or reports through calls (a thread, a Ray actor):
     the backend reads :attr:`steps`, :attr:`last_beat` and :meth:`take` and sets
-    :attr:`stopping` and the run's :attr:`total` (``env_steps()`` counts from it)."""
+    :attr:`stopping` and the others' steps (:meth:`counted`: ``env_steps()`` counts from
+    them).
 
-    def __init__(self) -> None:
+    :param budget: the run's env-step budget and how many workers count steps towards it: a
+        child that may have reached it, were every worker as fast as it is, waits for the run's
+        count before it goes on (see :meth:`add_steps`).
+    """
+
+    def __init__(self, budget: tuple[int, int] | None = None) -> None:
         self.stopping = False
         self.steps = 0
         self.total = 0  # the run's env steps at the driver's last poll
         self.steps_at_total = 0  # this actor's steps then
+        self.polls = 0  # the counts taken from the driver
+        self.budget = budget
         self.last_beat = 0.0  # time.monotonic(); negative while in start-up work
         self.records: list[dict[str, Any]] = []
         self._lock = threading.Lock()
@@ -257,8 +268,28 @@ class ChildChannel:
         return self.should_stop(slot)
 
     def add_steps(self, slot: int, n: int) -> None:
+        """Count ``n`` steps. The others' steps since the driver's last count are unknown, so a
+        child that may have reached the budget (were every worker as fast as it is), or has no
+        count yet, waits for the next count, at most :data:`BUDGET_WAIT_S`, rather than go on
+        past it: :meth:`mprl.Context.should_stop` then sees the run's count."""
         self.steps += n
         self.beat(slot)
+        if self.budget is None:
+            return
+        budget, workers = self.budget
+        polls, lower = self.polls, self.env_steps()
+        upper = lower + (self.steps - self.steps_at_total) * (workers - 1)
+        if polls > 0 and (lower >= budget or upper < budget):  # (no count yet: wait for one)
+            return
+        deadline = time.monotonic() + BUDGET_WAIT_S
+        while self.polls == polls and not self.stopping and time.monotonic() < deadline:
+            time.sleep(0.005)
+            self.beat(slot)
+
+    def counted(self, others: int) -> None:
+        """The env steps of the run's other processes as the driver last counted them."""
+        self.total, self.steps_at_total = others + self.steps, self.steps
+        self.polls += 1
 
     def env_steps(self) -> int:
         return self.total + self.steps - self.steps_at_total

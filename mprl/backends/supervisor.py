@@ -293,8 +293,11 @@ class Supervisor:
                 if child.restart_at is not None and now >= child.restart_at:
                     self._start(child)
             done = [c.role for c in self.children if c.done]
-            if reason := end_reason(self.job, done) or asked:
-                return reason, []
+            if asked is None and end_reason(self.job, done, sum(self.steps())) is not None:
+                self._take()  # with the steps they counted just before they returned
+                asked = end_reason(self.job, done, sum(self.steps()))
+            if asked is not None:
+                return asked, []
             pending = [c.restart_at for c in self.children if c.restart_at is not None]
             live = [c.handle for c in self.children if c.live()]
             self.wait(min([self._next_look(tick), *pending]), live)  # type: ignore[list-item]

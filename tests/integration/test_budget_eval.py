@@ -1,4 +1,4 @@
-"""``--max-time`` and ``--eval-every`` / ``--eval-episodes`` through the CLI, with real runs:
+"""``--total-steps``, ``--max-time`` and ``--eval-every`` / ``--eval-episodes`` through the CLI, with real runs:
 a run ended by its time budget, resumed with the budget counting the whole run, and a3c on
 CartPole judged on evaluation episodes that ``mprl eval --deterministic`` plays again."""
 
@@ -37,6 +37,24 @@ def test_max_time_ends_the_run_finished_with_a_checkpoint(tmp_path, backend):
     saved = torch.load(s["checkpoint"]["path"], weights_only=False)
     assert saved["env_steps"] == s["env_steps"] == s["checkpoint"]["env_steps"]
     assert json.loads((run_dir / "config.json").read_text())["run"]["max_time"] == 5.0
+
+
+@pytest.mark.parametrize("backend", ["local", "serial"])
+def test_the_step_budget_stops_the_workers_within_a_rollout_each(tmp_path, installed, backend):
+    # rollouts of 500 steps counted whole, 100,000+ steps/s: a budget looked at only by the main
+    # process, every tick, would be passed by tens of thousands of steps
+    run_dir, total, burst, workers = tmp_path / "run", 30_000, 500, 3
+    result = cli(
+        "run", "--plugin", "bursts", "--workers", str(workers), "--total-steps", str(total),
+        "--set", f"burst={burst}", "--backend", backend, "--run-dir", str(run_dir), "--quiet",
+        timeout=180,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    s = _summary(run_dir)
+    assert s["stop_reason"] == "total steps reached", s
+    # each worker was at most one rollout into the next when the count reached the budget
+    assert total <= s["env_steps"] < total + workers * burst, s
+    assert all(n % burst == 0 for n in s["per_worker_steps"][:workers])
 
 
 def test_resumed_the_budget_counts_the_whole_run(tmp_path):

@@ -322,6 +322,40 @@ def mprl_register_algorithms(register):
             description="test plugin: exercises the Context",
         )
     )
+    register(
+        mprl.Algorithm(
+            name="bursts",
+            config_cls=BurstsConfig,
+            make_model=make_bursts_model,
+            worker=bursts_worker,
+            train=bursts_train,
+            default_env="Corridor-v0",
+            description="test plugin: fast rollouts counted whole (budget tests)",
+        )
+    )
+
+
+@attrs.frozen
+class BurstsConfig:
+    burst: int = attrs.field(default=100, metadata={"help": "env steps counted per rollout"})
+    rollout_s: float = attrs.field(default=0.001, metadata={"help": "seconds a rollout takes"})
+
+
+def bursts_worker(ctx: mprl.Context) -> None:
+    """A worker whose rollouts are fast and counted whole: the budget's overshoot at its
+    largest, for tests of --total-steps."""
+    while not ctx.should_stop():
+        time.sleep(ctx.config.rollout_s)
+        ctx.add_steps(ctx.config.burst)
+
+
+def bursts_train(ctx: mprl.Context) -> None:
+    while not ctx.should_stop():
+        time.sleep(0.01)
+
+
+def make_bursts_model(obs_space: Any, act_space: Any, config: BurstsConfig) -> torch.nn.Module:
+    return torch.nn.Linear(1, 1)
 
 
 @mprl.hookimpl

@@ -364,3 +364,55 @@ def test_solved_on_says_what_solved_the_run_across_sessions():
     assert _solved_on(None, "eval") == "eval"  # not solved: the rule of this session
     assert _solved_on({"env_steps": 5, "mean_return_100": 480.0}, "eval") == "training"
     assert _solved_on({"env_steps": 5, "eval_return_mean": 500.0}, "training") == "eval"
+
+
+def test_a_child_near_the_step_budget_waits_for_the_runs_count(monkeypatch):
+    # a child that reports through calls (a Ray actor) knows the others' steps as of the
+    # driver's last count: near the budget it waits for the next one instead of going on
+    import threading
+
+    from mprl.backends import child
+
+    monkeypatch.setattr(child, "BUDGET_WAIT_S", 60.0)  # only the count ends a wait here
+    channel = child.ChildChannel(budget=(1000, 2))
+    channel.counted(0)
+    channel.add_steps(0, 400)  # 400 counted, 800 were the other as fast: goes on
+    assert channel.env_steps() == 400
+    entered, left = threading.Event(), threading.Event()
+
+    def rollout() -> None:
+        entered.set()
+        channel.add_steps(0, 100)  # 500 counted, 1,000 maybe: it waits for a count
+        left.set()
+
+    thread = threading.Thread(target=rollout)
+    thread.start()
+    entered.wait(10)
+    assert not left.wait(0.2)
+    channel.counted(600)  # the other worker's steps, as the driver counted them
+    assert left.wait(10)
+    thread.join()
+    assert channel.env_steps() == 1100  # the budget is spent: should_stop() says so
+    channel.add_steps(0, 100)  # past it: no wait
+    # without a count yet a child waits for one, at most BUDGET_WAIT_S
+    monkeypatch.setattr(child, "BUDGET_WAIT_S", 0.05)
+    fresh = child.ChildChannel(budget=(1000, 2))
+    fresh.add_steps(0, 1)
+    assert fresh.polls == 0 and fresh.env_steps() == 1
+
+
+def test_should_stop_is_true_once_the_runs_count_reaches_the_budget():
+    from mprl.backends.child import ChildChannel
+    from mprl.context import Context
+
+    channel = ChildChannel()
+    ctx = Context(
+        role="worker", rank=0, n_workers=2, seed=0, config=None, state=None, model=None,
+        optimizer=None, make_env=None, run=RunConfig(total_steps=1000), channel=channel,
+    )  # fmt: skip
+    channel.counted(900)
+    assert not ctx.should_stop()
+    ctx.add_steps(99)
+    assert not ctx.should_stop()
+    ctx.add_steps(1)
+    assert ctx.should_stop()

@@ -37,7 +37,8 @@ def test_call_hook_on_one_plugin_sees_only_its_answer(mprl_pm):
 
 def test_registered_checks_what_a_plugin_registers():
     algos = testing.registered(mprl_testplugin)
-    assert list(algos) == ["probe"] and algos["probe"].train is mprl_testplugin.probe_train
+    assert list(algos) == ["probe", "bursts"]
+    assert algos["probe"].train is mprl_testplugin.probe_train
 
     class Twice:
         @mprl.hookimpl

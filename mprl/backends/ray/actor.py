@@ -2,8 +2,9 @@
 
 The plugin's function runs in the actor's :meth:`ChildActor.run`; the driver calls
 :meth:`ChildActor.poll` (another thread of the same actor) about every tick. A poll brings the
-stop flag and the run's env-step total in, and takes the step count, the heartbeat's age and the
-pending metric records out: the function itself never makes a remote call to report.
+stop flag and the env steps of the run's other processes in, and takes the step count, the
+heartbeat's age and the pending metric records out: the function itself never makes a remote
+call to report.
 """
 
 from __future__ import annotations
@@ -83,6 +84,11 @@ class ChildActor:
             endpoint.flush()  # its last counter adds and replay rows
 
         mark("child-main", source=ctx.source)
+        if ctx.run.total_steps is not None and ctx.role == "worker":
+            self.channel.budget = (ctx.run.total_steps, ctx.n_workers)
+            # a count sent before its start is stale (the next one may be too: sent before,
+            # answered after): it waits for the one after
+            self.channel.polls = -1
         ctx = attrs.evolve(ctx, channel=self.channel)
         ended = run_child(fn_then_flush, ctx, threads=threads, on_ready=self._ready)
         return {"code": ended.code, "traceback": ended.traceback}
@@ -93,7 +99,7 @@ class ChildActor:
     def poll(
         self,
         stop: bool,
-        env_steps: int,
+        others: int,
         share_model: bool = False,
         model: list[Any] | None = None,
         info: dict[str, Any] | None = None,
@@ -109,7 +115,7 @@ class ChildActor:
         channel = self.channel
         if stop:
             channel.stopping = True
-        channel.total, channel.steps_at_total = env_steps, channel.steps
+        channel.counted(others)
         ctx = self.ctx
         out: dict[str, Any] = {"steps": channel.steps, "records": channel.take()}
         beat = channel.last_beat

@@ -434,9 +434,9 @@ class _RaySupervisor(Supervisor):
         if not trainer and self.model_ref is not None and actor.model_sent < self.model_gen:
             model, actor.model_sent = self.model_ref, self.model_gen
         info = None if trainer else self.hub_info
-        total = sum(self.steps())
+        others = sum(self.steps()) - actor.steps  # the run's steps but this actor's
         actor.poll_ref = actor.actor.poll.remote(
-            self.stopping, total, share and trainer, model, info
+            self.stopping, others, share and trainer, model, info
         )
         actor.poll_sent = time.monotonic()
         if share and trainer:

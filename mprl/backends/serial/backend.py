@@ -240,7 +240,8 @@ class _SerialRun:
 
     def finished(self, proc: _Proc) -> None:
         """``proc``'s function returned or raised: the next live process gets the turn."""
-        reason = base.end_reason(self.job, [p.role for p in self.procs if not p.live])
+        done = [p.role for p in self.procs if not p.live]
+        reason = base.end_reason(self.job, done, self.channel.env_steps())
         if reason is not None:
             self.stop(reason)
         nxt = self._next_live(proc.index)

@@ -50,6 +50,20 @@ def test_impala_spreads_workers_over_nodes_and_resumes_on_the_local_backend(clus
     assert last["shared_state"]["weights"]["version"] > saved["shared_state"]["weights"]["version"]
 
 
+def test_the_step_budget_stops_workers_on_two_nodes_near_it(cluster, tmp_path):
+    # two workers of 50,000 steps/s each, counted 500 at a time: a worker sees the other's
+    # count only through the driver's polls, so near the budget it waits for the next one
+    # (a run that goes on until the driver says stop goes tens of thousands past)
+    run_dir, total, burst = tmp_path / "run", 30_000, 500
+    done = run_ray(cluster, "--plugin", "bursts", "--workers", "2", *WORKER,
+                   "--total-steps", str(total), "--set", f"burst={burst}",
+                   "--set", "rollout_s=0.01", "--run-dir", str(run_dir))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["stop_reason"] == "total steps reached", summary
+    assert total <= summary["env_steps"] <= total + 4 * burst, summary
+
+
 def test_mappo_plays_multi_agent_episodes_on_two_nodes(cluster, tmp_path):
     run_dir = tmp_path / "run"
     done = run_ray(cluster, "--plugin", "mappo", "--env", "mpe2:simple_spread_v3(N=2)",
@@ -73,7 +87,7 @@ def test_ppo_from_the_local_backend_resumes_on_ray(cluster, tmp_path):
                 "--run-dir", str(run_dir))  # fmt: skip
     assert first.returncode == 0, first.stderr
     version = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["shared_state"]
-    # the budget is looked at every tick: a fast local run goes past 2,000 (5,120 seen)
+    # (a worker stops at the budget after the rollout it is in: 2,048)
     target = json.loads((run_dir / "summary.json").read_text())["env_steps"] + 2000
     again = run_ray(cluster, "--resume", str(run_dir), *WORKER, "--total-steps", str(target))
     assert again.returncode == 0, again.stderr
