@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -60,7 +62,7 @@ from mprl.testing.transport import (
     SharedMemory,
     TransportContract,
 )
-from mprl.transport.memory import MemoryBuilder
+from mprl.transport.memory import MemoryBuilder, MemoryReplay, _Bound
 
 __all__ = [
     "BENCH_TIMEOUT_S",
@@ -341,6 +343,12 @@ class _Stop:
         """Raise ``TimeoutError`` once the context has run past its timeout, still not stopped."""
         if self.stopped or self.deadline is None or time.monotonic() < self.deadline:
             return
+        waiting = _waiting_in(self.ctx)
+        if waiting is not None:
+            raise TimeoutError(
+                f"mprl.testing.Bench: {self.who} has not stopped after {self.timeout:g} s: it "
+                f"waits in {waiting}"
+            )
         raise TimeoutError(
             f"mprl.testing.Bench: {self.who} has not stopped after {self.timeout:g} s; give its "
             "context steps=, stop_after= or stop_when= that its function reaches (or a longer "
@@ -358,6 +366,49 @@ class _Stop:
             )
         self.checks += 1
         return self.stopped
+
+
+def _waiting_in(ctx: Context | None) -> str | None:
+    """The transport wait the calling context is in (``replay.add``, ``rollouts.acquire`` ...)
+    and what it waits for, read off the stack; ``None`` when it is in none."""
+    frame = sys._getframe(2)
+    while frame is not None and not (
+        frame.f_code.co_name == "_wait" and isinstance(frame.f_locals.get("self"), _Bound)
+    ):
+        frame = frame.f_back
+    if frame is None or frame.f_back is None:
+        return None
+    store, call = frame.f_locals["self"], frame.f_back.f_code.co_name
+    names = [] if ctx is None else [k for k, v in vars(ctx.state).items() if v is store]
+    where = f"{names[0] if names else type(store).__name__}.{call}"
+    pace = getattr(store, "pace", None)
+    if isinstance(store, MemoryReplay) and pace is not None and call in ("add", "sample"):
+        added, sampled, _ = store.counts()
+        if call == "sample":
+            return (
+                f"{where} for rows: at the declared replay ratio ({pace.ratio:g} rows sampled "
+                f"per row added, from learning_starts={pace.starts:,} rows on) the rows added "
+                f"({added:,}; {sampled:,} sampled) do not allow its batch; call a worker first "
+                "(worker(bench.context(0, steps=N)))"
+            )
+        assert pace.lead is not None  # (a worker waits only with a max_lead)
+        want = int(store.counts()[2])
+        limit = pace.starts + pace.lead + math.ceil((sampled + want) / pace.ratio)
+        return (
+            f"{where} for the learner: at a declared replay ratio the workers run max_lead rows "
+            "ahead of the learner, so a worker waits once the rows added reach learning_starts "
+            "+ max_lead + (rows sampled + the learner's batch) / replay_ratio (here "
+            f"{pace.starts:,} + {pace.lead:,} + ({sampled:,} + {want:,}) / {pace.ratio:g} = "
+            f"{limit:,}; {added:,} added), and on a bench no learner runs unless the test "
+            f"calls it: give the worker's context steps={limit:,} or fewer, sample in between "
+            "(bench.state.bound('trainer').replay.sample(n)) or call the train function, or "
+            "declare the buffer with max_lead=None"
+        )
+    return (
+        f"{where}, for what another process does: on a bench one runs only when the test "
+        "calls it; call it first, or give this context a stop that comes before the wait "
+        "(steps=, stop_after=, stop_when=)"
+    )
 
 
 class _BenchChannel:

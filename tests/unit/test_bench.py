@@ -227,3 +227,70 @@ def test_the_bench_and_its_fixture_are_documented():
         assert name in reference, name
     assert "mprl_bench" in Path(testing.__file__).read_text().split('"""')[1]
     assert mprl.Context  # the contexts are the public Context
+
+
+def paced_worker(ctx: mprl.Context) -> None:
+    """A row a step into a replay buffer at a declared ratio, until stopped."""
+    env = ctx.make_env()
+    obs, _ = env.reset()
+    while not ctx.should_stop():
+        action = env.action_space.sample()
+        next_obs, reward, terminated, truncated, _ = env.step(action)
+        ctx.state.replay.add(
+            obs=torch.as_tensor(obs).unsqueeze(0),
+            action=torch.tensor([action]),
+            reward=torch.tensor([float(reward)]),
+            next_obs=torch.as_tensor(next_obs).unsqueeze(0),
+            done=torch.tensor([float(terminated)]),
+        )
+        ctx.add_steps(1)
+        obs = env.reset()[0] if terminated or truncated else next_obs
+
+
+def paced_train(ctx: mprl.Context) -> None:
+    while ctx.state.replay.sample(8) is not None:
+        pass
+
+
+PACED = mprl.Algorithm(
+    name="paced",
+    config_cls=HogwildConfig,
+    make_model=make_model,
+    worker=paced_worker,
+    train=paced_train,
+    schema=schema.Schema(
+        replay=schema.ReplayBuffer(capacity=500, replay_ratio=2, learning_starts=20, max_lead=30)
+    ),
+)
+
+
+def test_a_timeout_in_a_wait_for_another_process_names_the_wait():
+    bench = Bench(PACED, workers=1)
+    with pytest.raises(TimeoutError) as err:
+        paced_train(bench.context("trainer", timeout=0.05))  # no worker has added a row
+    assert str(err.value).startswith(
+        "mprl.testing.Bench: trainer has not stopped after 0.05 s: it waits in replay.sample "
+        "for rows: at the declared replay ratio (2 rows sampled per row added, from "
+        "learning_starts=20 rows on) the rows added (0; 0 sampled) do not allow its batch"
+    )
+    # alone, a worker runs learning_starts + max_lead rows, then waits in add for a learner
+    bench = Bench(PACED, workers=1)
+    with pytest.raises(TimeoutError) as err:
+        paced_worker(bench.context(0, steps=100, timeout=0.5))
+    assert bench.env_steps == bench.state.replay.size() == 50
+    assert str(err.value).startswith(
+        "mprl.testing.Bench: worker 0 has not stopped after 0.5 s: it waits in replay.add for "
+        "the learner: at a declared replay ratio the workers run max_lead rows ahead of the "
+        "learner, so a worker waits once the rows added reach learning_starts + max_lead + "
+        "(rows sampled + the learner's batch) / replay_ratio (here 20 + 30 + (0 + 0) / 2 = 50; "
+        "50 added)"
+    )
+    assert "steps=50 or fewer" in str(err.value) and "max_lead=None" in str(err.value)
+    # what the message says works: a learner that samples lets the worker on
+    paced_train(bench.context("trainer", stop_after=3))
+    paced_worker(bench.context(0, steps=10))
+    assert bench.state.replay.size() == 60
+    # a wait that is not a replay ratio's is named too
+    ctx = Bench(PACED, workers=1).context(0, timeout=0.05)
+    with pytest.raises(TimeoutError, match=r"it waits in replay.wait_size, for what another"):
+        ctx.state.replay.wait_size(1_000)
