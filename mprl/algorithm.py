@@ -131,6 +131,11 @@ class Algorithm:
         under the user's own (a TOML file, ``--set``) when the env is one (the
         ``mprl_env_workload`` hook says which): the settings that work there, as rl-zoo and
         cleanrl have them.
+    :param run_defaults: run options by name (``{"eval_every": 2000}``) used when the user does
+        not give them (a flag, a TOML ``[run]`` table, ``mprl.run(...)``): what a run of this
+        algorithm needs to mean what its defaults promise, such as judging "solved" on
+        evaluation episodes for an algorithm whose behaviour policy explores. A value the user
+        gives, ``--eval-every 0`` too, wins; an unknown name stops the run with exit 2.
     """
 
     name: str = attrs.field(validator=_validate)
@@ -149,6 +154,7 @@ class Algorithm:
     description: str = ""
     presets: Mapping[str, Mapping[str, Any]] = attrs.field(factory=dict, converter=dict)
     agents: str = attrs.field(default="single", validator=_validate)
+    run_defaults: Mapping[str, Any] = attrs.field(factory=dict, converter=dict)
 
     def supports(self, action_space: gym.Space) -> bool:
         return isinstance(action_space, self.action_spaces)

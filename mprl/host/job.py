@@ -61,7 +61,11 @@ def resolve(
 ) -> tuple[str, Algorithm, Any, RunConfig]:
     """The plugin name, algorithm, config and run options; UsageError on anything wrong."""
     plugin_name, algo = pm.algorithm(plugin)
-    run_cfg = pm.run_options().build({k: v for k, v in run_options.items() if v is not None})
+    options = pm.run_options()
+    given = {k.replace("-", "_"): v for k, v in run_options.items() if v is not None}
+    # the algorithm's own defaults (dqn judges "solved" on evaluations), under the user's values
+    options.unknown(algo.run_defaults, f"algorithm {algo.name!r}'s run_defaults")
+    run_cfg = options.build({**algo.run_defaults, **given})
     if not run_cfg.env:
         run_cfg = attrs.evolve(run_cfg, env=algo.default_env)
     check_device(run_cfg.device, algo.name, trains_in_workers=algo.train is None)

@@ -9,6 +9,7 @@ import json
 import statistics
 from pathlib import Path
 
+import attrs
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -16,6 +17,8 @@ import torch
 
 import mprl
 from mprl.deprecated import MprlDeprecationWarning
+from mprl.errors import UsageError
+from mprl.host.job import resolve
 from mprl.testing import SerialResult, plugin_manager, run_serial
 from mprl_builtin import dqn
 from mprl_builtin.dqn import DQNConfig
@@ -125,6 +128,30 @@ def test_continuous_actions_and_images_are_refused(capsys):
     assert "'dqn' does not support the action space of 'Pendulum-v1' (Box)" in err
     code, err = cli_here(capsys, "run", "--plugin", "dqn", "--set", "n_step=0")
     assert code == 2 and "field 'n_step'" in err
+
+
+def test_dqn_judges_solved_on_evaluation_episodes_unless_told_otherwise():
+    """Its epsilon-greedy training returns lag a greedy policy that solves: by default a dqn
+    run plays 10 evaluation episodes every 2,000 env steps and is judged on them."""
+    pm = plugin_manager(dqn)
+    _, _, _, run = resolve("dqn", pm, None, {"eval_every": None})  # a flag not given
+    assert (run.eval_every, run.eval_episodes) == (2000, 10)
+    _, _, _, run = resolve("dqn", pm, None, {"eval_every": 0, "eval_episodes": 3})
+    assert (run.eval_every, run.eval_episodes) == (0, 3)  # the user's values win, 0 too
+    odd = attrs.evolve(dqn.ALGORITHM, name="odd", run_defaults={"eval_evry": 5})
+    with pytest.raises(
+        UsageError, match="algorithm 'odd''s run_defaults: unknown field 'eval_evry'"
+    ):
+        resolve("odd", plugin_manager(_Registers(odd)), None, {})
+
+
+class _Registers:
+    def __init__(self, algorithm):
+        self.algorithm = algorithm
+
+    @mprl.hookimpl
+    def mprl_register_algorithms(self, register):
+        register(self.algorithm)
 
 
 # -- train_freq, the old name of steps_per_update (sac's name for the same setting) ------------

@@ -36,6 +36,10 @@ ALGORITHM = mprl.Algorithm(
     action_spaces=(gym.spaces.Discrete,),
     observation_spaces=(gym.spaces.Box,),  # flat vectors: the network is an MLP
     description="DQN: workers fill a replay buffer at a declared ratio, one double-DQN learner",
+    # epsilon-greedy training returns lag a greedy policy that solves (benchmarks/README.md):
+    # "solved" is judged on 10 greedy evaluation episodes every 2,000 env steps unless the user
+    # says otherwise (--eval-every 0: on training returns)
+    run_defaults={"eval_every": 2000},
 )
 
 
