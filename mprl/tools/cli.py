@@ -197,8 +197,9 @@ def _add_plot(sub: Any) -> None:
     plot = sub.add_parser(
         "plot", help="plot learning curves of run directories",
         description="Plot the mean return of the last N episodes vs env steps and vs wall time, "
-        "one line per run, with the env's reward threshold. Needs matplotlib "
-        '(pip install "mprl[plot]").',
+        "one line per run, or the IQM across the seeds of each configuration with its 95% "
+        "bootstrap band, with the env's reward threshold. Needs matplotlib "
+        '(pip install "mprl[plot]"), and rliable for the bands (pip install "mprl[stats]").',
     )  # fmt: skip
     plot.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories to overlay")
     plot.add_argument(
@@ -213,6 +214,12 @@ def _add_plot(sub: Any) -> None:
     plot.add_argument(
         "--window", type=int, default=100, metavar="N",
         help="episodes in the moving mean of returns [default 100]",
+    )  # fmt: skip
+    plot.add_argument(
+        "--per-run", action="store_true",
+        help="one line per run; by default the seeds of one configuration (plugin, env, "
+        "config) are drawn as their IQM with a 95%% bootstrap band (needs rliable: "
+        'pip install "mprl[stats]")',
     )  # fmt: skip
     plot.add_argument(
         "--metric", dest="metrics", action="append", default=[], metavar="NAME",
@@ -408,13 +415,16 @@ def _cmd_plot(args: argparse.Namespace) -> int:
     from mprl.tools.report import plot_runs, shown
 
     skipped: list[str] = []
+    notes: list[str] = []
     try:
         out = plot_runs(
             args.run_dirs, args.out, labels=args.labels, window=args.window,
-            metrics=args.metrics, skipped=skipped,
+            metrics=args.metrics, skipped=skipped, per_run=args.per_run, notes=notes,
         )  # fmt: skip
     finally:
         _skipped(skipped)
+    for note in notes:
+        say(f"mprl: {note}")
     print(f"mprl: wrote {shown(out)}")
     return 0
 

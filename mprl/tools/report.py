@@ -432,11 +432,17 @@ def plot_runs(
     window: int = 100,
     metrics: Sequence[str] = (),
     skipped: list[str] | None = None,
+    per_run: bool = False,
+    notes: list[str] | None = None,
 ) -> Path:
     """Plot the learning curves of ``run_dirs`` into ``out_path`` and return its path.
 
     The format follows the suffix (``.png``, ``.svg``, ``.pdf``, ...); a path without a suffix
-    gets ``.png``. See :func:`build_figure` for what is drawn. What of the run directories
+    gets ``.png``. Where several runs are seeds of one configuration (plugin, env and config),
+    each configuration is drawn as the IQM across its seeds with a 95% bootstrap band
+    (:func:`mprl.tools.aggregate.build_iqm_figure`; needs rliable, else one line per run and a
+    line in ``notes`` saying why); with ``per_run``, ``labels`` or ``metrics``, one line per
+    run (:func:`build_figure`). What of the run directories
     cannot be read (a damaged ``config.json``, lines of ``metrics.jsonl`` no run writes) is left
     out, each file named in ``skipped`` when given (:attr:`Run.skipped`); so is a run that
     has nothing left to draw for it, while another has (named there too).
@@ -462,18 +468,30 @@ def plot_runs(
             "or give another -o"
         )
     runs = [read_run(d, metrics=metrics) for d in run_dirs]
-    notes = [line for run in runs for line in run.skipped]
+    left_out = [line for run in runs for line in run.skipped]
     drawn = [i for i, r in enumerate(runs) if r.episodes or r.evals or (metrics and r.series)]
     if drawn and len(drawn) < len(runs):  # a damaged run with nothing to draw: the rest is
         for i, run in enumerate(runs):
             if i not in drawn and run.skipped:
-                notes.append(f"{str(run.path)!r} (nothing in it could be drawn)")
+                left_out.append(f"{str(run.path)!r} (nothing in it could be drawn)")
         drawn = [i for i, r in enumerate(runs) if i in drawn or not r.skipped]
         runs = [runs[i] for i in drawn]
         labels = None if labels is None else [labels[i] for i in drawn]
     if skipped is not None:
-        skipped.extend(notes)
-    fig = build_figure(runs, labels=labels, window=window, metrics=metrics)
+        skipped.extend(left_out)
+    fig = None
+    if not (per_run or metrics or labels is not None) and len(runs) > 1:
+        from mprl.tools import aggregate
+
+        if not aggregate.can_band(runs):
+            pass  # no configuration with several seeds: one line per run says it all
+        elif aggregate.rliable() is None:
+            if notes is not None:
+                notes.append(f"one line per run, no IQM bands: {aggregate.RLIABLE_MISSING}")
+        else:
+            fig = aggregate.build_iqm_figure(runs, window=window)
+    if fig is None:
+        fig = build_figure(runs, labels=labels, window=window, metrics=metrics)
     try:
         fig.savefig(out, format=fmt, dpi=100)
     except OSError as exc:

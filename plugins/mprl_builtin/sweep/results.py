@@ -1,5 +1,7 @@
 """A sweep's results, read back from its run directories alone: one row per config, its
-objective, the table, ``results.csv``, ``results.json`` and the plot ``sweep.png``."""
+objective, the table, ``results.csv``, ``results.json``, the plot ``sweep.png`` and the
+performance profiles ``profiles.png``. Across seeds each config has the IQM of its runs' final
+scores with a 95% stratified-bootstrap interval (rliable, :mod:`mprl.tools.aggregate`)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from mprl.errors import UsageError
+from mprl.tools import aggregate
 from mprl.tools.report import (
     format_wall,
     matplotlib_classes,
@@ -104,8 +109,11 @@ def sweep_results(sweep_dir: str | Path) -> tuple[Spec, list[dict[str, Any]]]:
 def _row(spec: Spec, key: str, paths: list[Path]) -> dict[str, Any]:
     runs = []
     params: dict[str, Any] = {}
+    scores: list[tuple[float, str]] = []
     for path in paths:
         run = read_run(path)
+        if (score := aggregate.final_score(run)) is not None:
+            scores.append(score)
         summary = run.summary or {}
         options = run.config.get("run") or {}
         runs.append((summary, options))
@@ -135,7 +143,23 @@ def _row(spec: Spec, key: str, paths: list[Path]) -> dict[str, Any]:
         "best_return": max(best) if best else None,
         "mean_return_100": statistics.fmean(means) if means else None,
         "objective": objective_value(spec.objective, runs),
+        **_across_seeds(scores),
         "run_dirs": [str(p) for p in paths],
+    }
+
+
+def _across_seeds(scores: Sequence[tuple[float, str]]) -> dict[str, Any]:
+    """``scores`` (each run's final score, :func:`mprl.tools.aggregate.final_score`), their
+    kinds (``eval``, ``training`` or ``mixed``), their IQM and its 95% interval (``None`` with
+    one score or without rliable)."""
+    values = [v for v, _ in scores]
+    kinds = {k for _, k in scores}
+    point, ci = aggregate.interval(values) if values else (None, None)
+    return {
+        "scores": values,
+        "score_kind": kinds.pop() if len(kinds) == 1 else "mixed" if kinds else None,
+        "iqm": point,
+        "iqm_ci": list(ci) if ci is not None else None,
     }
 
 
@@ -145,7 +169,7 @@ def format_results(spec: Spec, rows: Sequence[dict[str, Any]]) -> str:
         return "no finished runs yet"
     direction = "max" if spec.direction == "maximize" else "min"
     head = ["CONFIG", "RUNS", "SOLVED", "SOLVE TIME", "SOLVE STEPS", "BEST RETURN", "RETURN(100)",
-            f"{spec.objective.upper()} ({direction})"]  # fmt: skip
+            "IQM [95% CI]", f"{spec.objective.upper()} ({direction})"]  # fmt: skip
 
     def num(value: float | None, fmt: str) -> str:
         return "-" if value is None else format(value, fmt)
@@ -159,7 +183,7 @@ def format_results(spec: Spec, rows: Sequence[dict[str, Any]]) -> str:
         table.append([
             r["config"], str(r["runs"]), solved, format_wall(r["median_solve_s"]),
             num(steps, ","), num(r["best_return"], ".1f"), num(r["mean_return_100"], ".1f"),
-            num(r["objective"], ".4g"),
+            _iqm_cell(r), num(r["objective"], ".4g"),
         ])  # fmt: skip
     widths = [max(len(line[i]) for line in table) for i in range(len(head))]
     return "\n".join(
@@ -171,8 +195,47 @@ def format_results(spec: Spec, rows: Sequence[dict[str, Any]]) -> str:
     )
 
 
+def _iqm_cell(row: Mapping[str, Any]) -> str:
+    if row["iqm"] is None:
+        return "-"
+    if row["iqm_ci"] is None:  # one seed, or no rliable: no interval to show
+        return f"{row['iqm']:.1f} [-]"
+    low, high = row["iqm_ci"]
+    return f"{row['iqm']:.1f} [{low:.1f}, {high:.1f}]"
+
+
+def stats_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """What the IQM column is, how many seeds each config had, and why an interval is not
+    there (one seed; rliable missing)."""
+    if not rows:
+        return []
+    kinds = {r["score_kind"] for r in rows if r["score_kind"]}
+    what = {
+        frozenset({"eval"}): "its last evaluation's mean return (--eval-every)",
+        frozenset({"training"}): "the mean return of its last 100 training episodes",
+    }.get(frozenset(kinds), "its last evaluation's mean return where it has evaluations, "
+                           "else the mean return of its last 100 training episodes")  # fmt: skip
+    seeds = sorted({len(r["scores"]) for r in rows})
+    counts = str(seeds[0]) if len(seeds) == 1 else f"{seeds[0]} to {seeds[-1]}"
+    lines = [
+        f"IQM: the interquartile mean over each config's {counts} seeds of each run's "
+        f"final score, {what}; [95% CI]: stratified bootstrap (rliable, "
+        f"{aggregate.REPS:,} resamples)"
+    ]
+    if aggregate.rliable() is None:
+        lines.append(f"no intervals: {aggregate.RLIABLE_MISSING}")
+    elif one := [r["config"] for r in rows if len(r["scores"]) == 1]:
+        lines.append(
+            f"no interval for {len(one)} config{'s' * (len(one) > 1)} with 1 seed "
+            f"({', '.join(one[:3])}{', ...' if len(one) > 3 else ''}): an interval needs at "
+            "least 2 seeds (--seeds)"
+        )
+    return lines
+
+
 _CSV = ("config", "key", "runs", "failed", "solved", "solve_rate", "median_solve_s",
-        "median_solve_steps", "best_return", "mean_return_100", "objective")  # fmt: skip
+        "median_solve_steps", "best_return", "mean_return_100", "iqm", "iqm_low", "iqm_high",
+        "score_kind", "objective")  # fmt: skip
 
 
 def write_results(sweep_dir: str | Path, plot: bool = True) -> str:
@@ -188,10 +251,13 @@ def write_results(sweep_dir: str | Path, plot: bool = True) -> str:
     writer = csv.DictWriter(table, fieldnames=[*_CSV, *spec.axes], extrasaction="ignore")
     writer.writeheader()
     for r in rows:
-        writer.writerow({**r, **{n: r["params"].get(n) for n in spec.axes}})
+        low, high = r["iqm_ci"] or (None, None)
+        params = {n: r["params"].get(n) for n in spec.axes}
+        writer.writerow({**r, "iqm_low": low, "iqm_high": high, **params})
     write(root / "results.csv", table.getvalue().encode())
     lines = [
         format_results(spec, rows),
+        *stats_lines(rows),
         f"objective: {spec.objective}: {OBJECTIVES[spec.objective][1]}",
     ]
     written = [root / "results.csv", root / "results.json"]
@@ -200,6 +266,11 @@ def write_results(sweep_dir: str | Path, plot: bool = True) -> str:
             written.append(plot_sweep(root, rows))
         except UsageError as exc:  # matplotlib missing, no episodes: the table still counts
             lines.append(f"no plot: {exc}")
+        if aggregate.rliable() is not None and any(r["scores"] for r in rows):
+            try:
+                written.append(plot_profiles(root, rows))
+            except UsageError as exc:
+                lines.append(f"no performance profiles: {exc}")
     lines.append("written: " + ", ".join(str(p) for p in written))
     return "\n".join(lines)
 
@@ -240,6 +311,44 @@ def plot_sweep(sweep_dir: Path, rows: Sequence[dict[str, Any]]) -> Path:
         ax.grid(True, alpha=0.3)
     by_steps.legend(loc="best", fontsize="small")
     out, image = sweep_dir / "sweep.png", io.BytesIO()
+    fig.savefig(image, format="png", dpi=100)
+    write(out, image.getvalue())
+    return out
+
+
+def plot_profiles(sweep_dir: Path, rows: Sequence[dict[str, Any]]) -> Path:
+    """``profiles.png``: each config's performance profile, the fraction of its runs whose
+    final score is above each threshold tau, with its 95% stratified-bootstrap band (rliable's
+    ``create_performance_profile``); the env's reward threshold dashed."""
+    Figure, FigureCanvasAgg = matplotlib_classes()
+    scored = [r for r in rows if r["scores"]]
+    every = [v for r in scored for v in r["scores"]]
+    low, high = min(every), max(every)
+    taus = np.linspace(low, high, 101) if high > low else np.array([low])
+    profiles = aggregate.performance_profiles({r["config"]: r["scores"] for r in scored}, taus)
+    fig = Figure(figsize=(7, 4.8), layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    for index, row in enumerate(scored):
+        color = f"C{index % 10}"
+        point, band = profiles[row["config"]]
+        label = f"{row['config']} ({len(row['scores'])} seed{'s' * (len(row['scores']) > 1)})"
+        ax.plot(taus, point, color=color, linewidth=1.5, label=label)
+        if len(row["scores"]) > 1:  # one run has no spread to resample
+            ax.fill_between(taus, band[0], band[1], color=color, alpha=0.2, linewidth=0)
+    for value, envs in reward_thresholds([read_run(p) for r in scored for p in r["run_dirs"][:1]]):
+        ax.axvline(value, color="0.3", linestyle="--", linewidth=1,
+                   label=f"threshold {value:g} ({', '.join(envs)})")  # fmt: skip
+    kinds = {r["score_kind"] for r in scored}
+    ax.set_xlabel("final score tau: " + ("last evaluation's mean return" if kinds == {"eval"}
+                  else "mean return of the last 100 episodes" if kinds == {"training"}
+                  else "last evaluation's, else the last 100 episodes', mean return"))  # fmt: skip
+    ax.set_ylabel("fraction of runs with score > tau")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(True, alpha=0.3)
+    ax.set_title("performance profiles (95% stratified-bootstrap bands)")
+    ax.legend(loc="best", fontsize="small")
+    out, image = sweep_dir / "profiles.png", io.BytesIO()
     fig.savefig(image, format="png", dpi=100)
     write(out, image.getvalue())
     return out

@@ -34,7 +34,7 @@ SQLITE = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite database
 #: the files a sweep opens in place or writes whole, and SQLite's own beside its database
 FILES = (
     LOCK, "sweep.json", DATABASE, f"{DATABASE}-journal", f"{DATABASE}-wal", f"{DATABASE}-shm",
-    "results.csv", "results.json", "sweep.png",
+    "results.csv", "results.json", "sweep.png", "profiles.png",
 )  # fmt: skip
 #: each directory of a sweep: the names of what it keeps there, and whether those are directories
 DIRS = {"configs": ("*.toml", False), "logs": ("*.log", False), "trials": ("*-seed*", True)}
