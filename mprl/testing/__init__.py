@@ -254,10 +254,11 @@ def run_serial(
     *,
     plugins: PluginManager | Sequence[object] | None = None,
     run_dir: str | Path | None = None,
-    total_steps: int = 1000,
-    workers: int = 1,
-    seed: int = 0,
+    total_steps: int | None = None,
+    workers: int | None = None,
+    seed: int | None = None,
     config: Mapping[str, Any] | Any | None = None,
+    resume: str | Path | None = None,
     **options: Any,
 ) -> SerialResult:
     """Run ``algorithm`` in this process with the serial backend (see :mod:`mprl.backends.serial`).
@@ -266,7 +267,14 @@ def run_serial(
         modules, registered with mprl's built-ins only (default: the installed plugins).
     :param run_dir: where the run directory goes; it must not exist yet or be empty (default:
         a temporary directory, removed before this returns; the records are in the result).
-    :param options: any other :class:`mprl.RunConfig` field (``env=...``).
+    :param total_steps: the env-step budget (default 1000; resuming: the checkpoint's).
+    :param workers: how many workers (default 1; resuming: the checkpoint's).
+    :param seed: the run seed (default 0; resuming: the checkpoint's).
+    :param resume: a run directory (or checkpoint file) to continue, as ``mprl.run(resume=)``:
+        its algorithm, config and run options unless given here, into ``run_dir`` when given,
+        else into its own directory (``--resume`` in place).
+    :param options: any other :class:`mprl.RunConfig` field (``env=...``), or
+        ``resume_drop=``.
     :raises mprl.RunFailed: a worker or train function raised; its traceback is in the message.
     """
     if plugins is None:
@@ -275,11 +283,15 @@ def run_serial(
         pm = plugins
     else:
         pm = plugin_manager(*plugins)
+    if resume is None:  # a new run's defaults; a resumed run keeps the checkpoint's
+        total_steps = 1000 if total_steps is None else total_steps
+        workers = 1 if workers is None else workers
+        seed = 0 if seed is None else seed
     backend = SerialBackend()
     capture = _Capture(backend)
     with contextlib.ExitStack() as stack:
         where = Path(run_dir) if run_dir is not None else None
-        if where is None:
+        if where is None and resume is None:
             where = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="mprl-"))) / "run"
         pm.register(capture)
         stack.callback(pm.unregister, capture)
@@ -291,17 +303,19 @@ def run_serial(
             total_steps=total_steps,
             workers=workers,
             seed=seed,
+            resume=resume,
             backend="serial",
             progress="none",
             **options,
         )
-        with open(where / "metrics.jsonl") as f:
+        kept = where is None or run_dir is not None  # not the temporary directory
+        with open(Path(summary.run_dir) / "metrics.jsonl") as f:
             records = [json.loads(line) for line in f]
     job, state = backend.job, backend.state
     assert job is not None and state is not None
     return SerialResult(
         summary,
-        None if run_dir is None else Path(summary.run_dir),
+        Path(summary.run_dir) if kept else None,
         job.model,
         job.optimizer,
         dict(job.optimizers),

@@ -73,3 +73,26 @@ def test_recorder_sees_every_hook_of_a_serial_run(mprl_pm, mprl_recorder, mprl_s
     end = mprl_recorder.of("mprl_run_end")[0]
     assert end.kwargs["summary"]["env_steps"] == result.summary.env_steps >= 40
     assert end.result == [] and end.error is None
+
+
+def test_run_serial_resumes_a_run_in_place_with_its_own_workers_and_seed(tmp_path):
+    pm = testing.plugin_manager(mprl_testplugin)
+    first = testing.run_serial(
+        "probe", plugins=pm, run_dir=tmp_path / "a", workers=2, seed=3, total_steps=120,
+        env="Corridor-v0",
+    )  # fmt: skip
+    more = testing.run_serial("probe", plugins=pm, resume=first.run_dir, total_steps=240)
+    assert more.run_dir == first.run_dir  # in place, as --resume without --run-dir
+    assert more.summary.session == 1 and more.summary.env_steps >= 240
+    assert len(more.summary.per_worker_steps) == 2  # the checkpoint's workers, not 1
+    assert more.records[: len(first.records)] == first.records  # the metrics appended to
+    assert any(r.get("event") == "resume" for r in more.records[len(first.records) :])
+    # the checkpoint's run seed, and ctx.seed of a new session: not the first session's again
+    seeds = {c.rank: c.seed for c in more.contexts}
+    assert seeds == {r: mprl.context.derive_seed(3, r + 1, 1, 0) for r in (-1, 0, 1)}
+    assert seeds != {c.rank: c.seed for c in first.contexts}
+    other = testing.run_serial(
+        "probe", plugins=pm, resume=more.run_dir, run_dir=tmp_path / "b", workers=1,
+        total_steps=300, resume_drop="seen",
+    )  # fmt: skip
+    assert other.run_dir == tmp_path / "b" and len(other.summary.per_worker_steps) == 1
