@@ -89,8 +89,10 @@ class Context:
     :ivar role: ``"worker"`` or ``"trainer"``.
     :ivar rank: the worker's rank ``0..n_workers-1``; ``-1`` for the train process.
     :ivar n_workers: how many workers the run has.
-    :ivar seed: this process's seed, derived from the run seed, the rank and the restart count
-        (torch, numpy and ``random`` are already seeded with it).
+    :ivar seed: this process's seed, derived from the run seed, the rank, the session (0 for a
+        new run, 1 after the first ``--resume`` ...) and the restart count, so a resumed run
+        does not replay the first session's random draws (torch, numpy and ``random`` are
+        already seeded with it).
     :ivar config: the algorithm's config instance.
     :ivar run: the run's :class:`mprl.RunConfig` (env id, workers, seed, step budget).
     :ivar restarts: how many times this rank was restarted before this process (0 at first).
@@ -115,8 +117,9 @@ class Context:
 
     @property
     def device(self) -> torch.device:
-        """Where this process learns: the train process's ``--device`` (``auto``: the GPU
-        where there is one), the CPU for workers. On a GPU, :attr:`model` and the optimizers
+        """Where this process learns, a :class:`torch.device`: the train process's ``--device``
+        (``torch.device("cuda")`` for ``auto`` where there is a GPU, ``cuda:1`` as given),
+        ``torch.device("cpu")`` for workers. On a GPU, :attr:`model` and the optimizers
         of the train process are copies there; move batches with :meth:`to_device`."""
         from mprl.device import resolve_device
 

@@ -449,8 +449,12 @@ def _number(value: Number, dims: Dims | None, what: str, low: float, strict: boo
 @attrs.frozen
 class ReplayBuffer(Field):
     """A replay buffer of ``capacity`` rows (:class:`mprl.transport.ReplayStore`), split evenly
-    between the workers. ``row`` is ``{name: (shape, dtype)}`` of one row (or a function of
-    :class:`Dims`); by default :func:`transition_row`. ``checkpoint=False`` keeps its rows out of
+    between the workers: each writes a ring of ``capacity // workers`` rows, so it holds
+    ``capacity // workers * workers`` (100,000 with 3 workers: 99,999, 33,333 each), and a run
+    resumed with another worker count re-partitions the saved rows into rings of the new size
+    (the newest kept, the rest dropped, each said in a line). ``row`` is
+    ``{name: (shape, dtype)}`` of one row (or a function of :class:`Dims`); by default
+    :func:`transition_row`. ``checkpoint=False`` keeps its rows out of
     checkpoints (a resumed run starts with it empty).
 
     ``replay_ratio`` declares the training intensity, enforced on every backend: rows sampled
@@ -459,7 +463,9 @@ class ReplayBuffer(Field):
     The learner's ``sample(n)`` then waits (stop-aware) until the rows added allow ``n`` more,
     and returns ``None`` once the run stops; a worker's ``add`` waits once the workers are
     ``max_lead`` rows ahead of the learner (until they are half that; ``max_lead=None``:
-    workers never wait, the ratio bounds the learner alone). Each may be a number,
+    workers never wait, the ratio bounds the learner alone). A worker with no learner
+    sampling (one called alone on a :class:`mprl.testing.Bench`) waits in ``add`` once
+    ``learning_starts + max_lead`` rows were added. Each may be a number,
     ``"config.NAME"`` or a function of :class:`Dims`. The counts are checkpointed with the
     rows. See :class:`ReplayPace`."""
 

@@ -63,7 +63,17 @@ class RolloutSlots(Protocol):
 class WeightBroadcast(Protocol):
     """The learner's weights, published to the workers (declared with
     :class:`mprl.schema.Weights`). ``version`` counts completed updates; the learner never waits
-    for a reader and a reader never sees half of an update."""
+    for a reader and a reader never sees half of an update.
+
+    What is published is the run's whole model: every parameter and floating-point buffer, in
+    order. ``publishing`` and ``pull`` take that model or a model of its architecture (a
+    worker's ``copy.deepcopy(ctx.model)``, the train process's copy on a GPU), not a part of
+    it: a submodule (``model.actor``) has other tensors, and a ``pull`` into one is a
+    ``ValueError``. A ``pull`` of a newer version copies every tensor: on the local backend
+    about 14 us for the built-in CartPole network (37 kB), 40-70 us per MB up to a few MB
+    (8.5 MB: 0.35 ms), about 100 us per MB once the model outgrows the CPU's caches (34 MB:
+    3.4 ms), measured by ``benchmarks/weights_pull.py`` on a 2-core machine; a ``pull`` of the
+    version the model holds copies nothing (0.3 us)."""
 
     @property
     def version(self) -> int:
