@@ -249,6 +249,10 @@ class _Capture:
         register("serial", lambda: self.backend, "the serial backend of mprl.testing.run_serial")
 
 
+#: what :func:`run_serial` gives a new run where the test gives nothing
+_NEW_RUN = {"total_steps": 1000, "workers": 1, "seed": 0}
+
+
 def run_serial(
     algorithm: str,
     *,
@@ -279,14 +283,11 @@ def run_serial(
     """
     if plugins is None:
         pm = get_plugin_manager()
-    elif isinstance(plugins, PluginManager):
-        pm = plugins
     else:
-        pm = plugin_manager(*plugins)
+        pm = plugins if isinstance(plugins, PluginManager) else plugin_manager(*plugins)
+    given = {"total_steps": total_steps, "workers": workers, "seed": seed}
     if resume is None:  # a new run's defaults; a resumed run keeps the checkpoint's
-        total_steps = 1000 if total_steps is None else total_steps
-        workers = 1 if workers is None else workers
-        seed = 0 if seed is None else seed
+        given = {k: v if v is not None else _NEW_RUN[k] for k, v in given.items()}
     backend = SerialBackend()
     capture = _Capture(backend)
     with contextlib.ExitStack() as stack:
@@ -296,33 +297,18 @@ def run_serial(
         pm.register(capture)
         stack.callback(pm.unregister, capture)
         summary = run(
-            algorithm,
-            plugins=pm,
-            config=config,
-            run_dir=where,
-            total_steps=total_steps,
-            workers=workers,
-            seed=seed,
-            resume=resume,
-            backend="serial",
-            progress="none",
-            **options,
-        )
-        kept = where is None or run_dir is not None  # not the temporary directory
+            algorithm, plugins=pm, config=config, run_dir=where, resume=resume, **given,
+            backend="serial", progress="none", **options,
+        )  # fmt: skip
         with open(Path(summary.run_dir) / "metrics.jsonl") as f:
             records = [json.loads(line) for line in f]
     job, state = backend.job, backend.state
     assert job is not None and state is not None
+    kept = where is None or run_dir is not None  # not the temporary directory
     return SerialResult(
-        summary,
-        Path(summary.run_dir) if kept else None,
-        job.model,
-        job.optimizer,
-        dict(job.optimizers),
-        state,
-        tuple(backend.contexts),
-        records,
-    )
+        summary, Path(summary.run_dir) if kept else None, job.model, job.optimizer,
+        dict(job.optimizers), state, tuple(backend.contexts), records,
+    )  # fmt: skip
 
 
 #: how long a :class:`Bench` context runs (from when it is made) before its next call to
