@@ -86,7 +86,8 @@ def totals(summary: Mapping[str, Any]) -> dict[str, float]:
 
 def artifact_name(run_dir: Path) -> str:
     """A name for the run's checkpoint that trackers take (letters, digits, ``-_.``)."""
-    return re.sub(r"[^A-Za-z0-9_.-]+", "-", Path(run_dir).resolve().name).strip("-.") or "run"
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "-", Path(run_dir).resolve().name)
+    return re.sub(r"-{2,}", "-", name).strip("-.") or "run"
 
 
 def checkpoint_of(summary: Mapping[str, Any]) -> Path | None:
