@@ -100,3 +100,23 @@ def test_the_fault_table_names_tests_that_exist() -> None:
     files = {p.stem for p in (REPO / "tests").rglob("test_*.py")}
     missing = [n for n in sorted(named) if n not in files and f"def {n}(" not in sources]
     assert not missing, f"docs/faults.md names tests that do not exist: {missing}"
+
+
+def test_the_reserved_names_are_every_name_mprl_and_its_built_ins_claim():
+    """plugins.md's reserved names list every entry point of mprl's own ``mprl`` group, the
+    core's commands and the run options of its built-in plugins (the core's are the
+    ``RunConfig`` fields, which the page names as such)."""
+    from mprl.host.plugins import DEFAULT_PLUGINS, get_plugin_manager
+    from mprl.tools.cli import CORE_COMMANDS
+
+    section = (DOCS / "plugins.md").read_text().split("## Reserved names")[1]
+    group = (REPO / "pyproject.toml").read_text().split("[project.entry-points.mprl]")[1]
+    plugins = re.findall(r"^([\w-]+) = ", group.split("\n[")[0], re.M)
+    assert {"a3c", "dqn", "tensorboard"} <= set(plugins)
+    owners = get_plugin_manager().run_options().owners
+    options = [o for o, by in owners.items() if by in {*plugins, *DEFAULT_PLUGINS}]
+    assert "tensorboard" in options and "ray_address" in options
+    assert "the `RunConfig` fields" in section
+    names = [*plugins, *CORE_COMMANDS, *options, "mprl_builtin"]
+    missing = [name for name in names if f"`{name}`" not in section]
+    assert not missing, f"docs/plugins.md's reserved names leave out {missing}"
