@@ -492,7 +492,9 @@ class Bench:
     same memory, as a process has), step count and records. Making a context seeds ``random``,
     numpy and torch with its seed, as a process starts: make it right before calling the
     function. Functions run in the calling thread, one at a time; to run them together, use
-    :func:`run_serial`.
+    :func:`run_serial`. So a wait for another process lasts until the context's stop or its
+    timeout, whose ``TimeoutError`` names the wait: a worker adding to a replay buffer at a
+    declared ratio waits after ``learning_starts + max_lead`` rows when no learner samples.
 
     :param algorithm: an :class:`mprl.Algorithm`, or the name of one ``plugins`` registers.
     :param plugins: a plugin manager (``mprl_pm``) or a list of plugin modules, for the
