@@ -118,6 +118,8 @@ def check_mlflow(uri: str, run_id: str, run_dir: Path, summary: dict) -> Any:
     assert found.data.tags["mprl.session"] == str(summary["session"])
     artifacts = [a.path for a in client.list_artifacts(run_id, "checkpoints")]
     assert artifacts == ["checkpoints/last.pt"]
+    store = Path(uri.removeprefix("sqlite:///")).parent
+    assert found.info.artifact_uri.startswith(str(store / "mlruns"))  # beside the store
     return found
 
 

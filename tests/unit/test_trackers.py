@@ -172,6 +172,8 @@ def test_a_store_s_relative_path_is_kept_absolute_for_a_resume_from_elsewhere(
     assert mlflow_plugin._absolute(f"sqlite:///{tmp_path}/m.db") == f"sqlite:///{tmp_path}/m.db"
     assert mlflow_plugin._absolute("mlruns") == (tmp_path / "mlruns").as_uri()
     assert mlflow_plugin._absolute("http://127.0.0.1:5000") == "http://127.0.0.1:5000"
+    assert mlflow_plugin.artifact_root(f"sqlite:///{tmp_path}/m.db") == str(tmp_path / "mlruns")
+    assert mlflow_plugin.artifact_root("http://127.0.0.1:5000") is None  # the server's choice
 
 
 def test_records_become_metrics_by_source():

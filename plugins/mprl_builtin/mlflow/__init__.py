@@ -12,8 +12,9 @@ artifact under ``checkpoints/``, and the MLflow run ends FINISHED, FAILED or KIL
 a signal), with ``mprl.status`` and ``mprl.stop_reason`` as tags.
 
 The store is ``--mlflow-uri``; empty, ``MLFLOW_TRACKING_URI``, else MLflow's default (a SQLite
-file ``mlflow.db`` in the working directory, artifacts in ``./mlruns``), which ``mlflow ui`` in
-that directory shows. A resumed run (``--resume``) goes on with the same MLflow run, its id and
+file ``mlflow.db`` in the working directory), which ``mlflow ui`` in that directory shows. An
+experiment the plugin makes in a SQLite store keeps its artifacts in ``mlruns`` beside the
+database file. A resumed run (``--resume``) goes on with the same MLflow run, its id and
 store kept in ``RUN_DIR/mlflow-run.json``.
 
 It needs the optional ``mlflow`` package (``pip install "mprl[mlflow]"``); without ``--mlflow``
@@ -109,7 +110,7 @@ def mprl_run_start(run):
         uri = _absolute(uri)
         client = MlflowClient(tracking_uri=uri)
         resumed = before.get("run_id") if before.get("tracking_uri") == uri else None
-        run_id = _resume(client, resumed) or _create(client, options.mlflow_experiment, run)
+        run_id = _resume(client, resumed) or _create(client, uri, options.mlflow_experiment, run)
         _log_parameters(client, run_id, params)
     except Exception as exc:  # a store it cannot open, a server it cannot reach
         raise UsageError(
@@ -150,13 +151,25 @@ def _resume(client: Any, run_id: str | None) -> str | None:
     return run_id
 
 
-def _create(client: Any, experiment: str, run: Any) -> str:
+def artifact_root(uri: str) -> str | None:
+    """Where a new experiment of a SQLite store keeps its artifacts: ``mlruns`` beside the
+    database file (for MLflow's default store, its own default, ``./mlruns``), not in whatever
+    folder the run was started from; other stores choose themselves (None)."""
+    prefix = "sqlite:///"
+    if not uri.startswith(prefix):
+        return None
+    return str(Path(uri[len(prefix) :]).parent / "mlruns")  # a path, as MLflow's own default
+
+
+def _create(client: Any, uri: str, experiment: str, run: Any) -> str:
     found = client.get_experiment_by_name(experiment)
     if found is not None:
         experiment_id = found.experiment_id
     else:
         try:
-            experiment_id = client.create_experiment(experiment)
+            experiment_id = client.create_experiment(
+                experiment, artifact_location=artifact_root(uri)
+            )
         except Exception:  # made meanwhile by a run beside this one
             experiment_id = client.get_experiment_by_name(experiment).experiment_id
     made = client.create_run(
