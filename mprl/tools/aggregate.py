@@ -17,7 +17,14 @@ from typing import Any
 import numpy as np
 
 from mprl.errors import UsageError
-from mprl.tools.report import Run, rolling_mean, shown
+from mprl.tools.report import (
+    Run,
+    _check_plot,
+    matplotlib_classes,
+    reward_thresholds,
+    rolling_mean,
+    shown,
+)
 
 RLIABLE_MISSING = (
     'intervals across seeds need rliable, which is not installed: pip install "mprl[stats]"'
@@ -197,8 +204,6 @@ def build_iqm_figure(runs: Sequence[Run], window: int = 100) -> Any:
     band (:func:`iqm_curve`); where every seed of it has evaluations, their IQM too (dotted,
     with its band). A configuration of one run is its own line. Each env's reward threshold is
     dashed. Needs matplotlib, and rliable for the bands."""
-    from mprl.tools.report import _check_plot, matplotlib_classes, reward_thresholds
-
     Figure, FigureCanvasAgg = matplotlib_classes()
     _check_plot(runs, None, window)
     fig = Figure(figsize=(12, 4.8), layout="constrained")
@@ -248,7 +253,14 @@ def _band(ax: Any, series: list, color: str, style: str, label: str | None) -> N
         ax.fill_between(xs, band[0], band[1], color=color, alpha=0.2, linewidth=0)
 
 
-def can_band(runs: Sequence[Run]) -> bool:
-    """Whether :func:`build_iqm_figure` has something to add over one line per run: a
-    configuration with several seeds."""
-    return any(len(members) > 1 for _, members in group_runs(runs))
+def seeds_figure(runs: Sequence[Run], window: int, notes: list[str] | None = None) -> Any:
+    """:func:`build_iqm_figure` of ``runs`` where a configuration has several seeds among them;
+    ``None`` (one line per run: :func:`mprl.tools.report.build_figure`) where none has, or
+    without rliable, which ``notes`` is told."""
+    if not any(len(members) > 1 for _, members in group_runs(runs)):
+        return None
+    if rliable() is None:
+        if notes is not None:
+            notes.append(f"one line per run, no IQM bands: {RLIABLE_MISSING}")
+        return None
+    return build_iqm_figure(runs, window=window)

@@ -13,6 +13,7 @@ import json
 import sys
 import warnings
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 import attrs
@@ -412,6 +413,7 @@ def _skipped(lines: Sequence[str]) -> None:
 
 
 def _cmd_plot(args: argparse.Namespace) -> int:
+    from mprl.tools.aggregate import seeds_figure
     from mprl.tools.report import plot_runs, shown
 
     skipped: list[str] = []
@@ -419,7 +421,8 @@ def _cmd_plot(args: argparse.Namespace) -> int:
     try:
         out = plot_runs(
             args.run_dirs, args.out, labels=args.labels, window=args.window,
-            metrics=args.metrics, skipped=skipped, per_run=args.per_run, notes=notes,
+            metrics=args.metrics, skipped=skipped,
+            across_seeds=None if args.per_run else partial(seeds_figure, notes=notes),
         )  # fmt: skip
     finally:
         _skipped(skipped)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -432,17 +432,14 @@ def plot_runs(
     window: int = 100,
     metrics: Sequence[str] = (),
     skipped: list[str] | None = None,
-    per_run: bool = False,
-    notes: list[str] | None = None,
+    across_seeds: Callable[[Sequence[Run], int], Figure | None] | None = None,
 ) -> Path:
     """Plot the learning curves of ``run_dirs`` into ``out_path`` and return its path.
 
     The format follows the suffix (``.png``, ``.svg``, ``.pdf``, ...); a path without a suffix
-    gets ``.png``. Where several runs are seeds of one configuration (plugin, env and config),
-    each configuration is drawn as the IQM across its seeds with a 95% bootstrap band
-    (:func:`mprl.tools.aggregate.build_iqm_figure`; needs rliable, else one line per run and a
-    line in ``notes`` saying why); with ``per_run``, ``labels`` or ``metrics``, one line per
-    run (:func:`build_figure`). What of the run directories
+    gets ``.png``. See :func:`build_figure` for what is drawn; ``across_seeds(runs, window)``
+    may draw several runs without ``labels`` or ``metrics`` instead, unless it returns ``None``
+    (`mprl plot`: :func:`mprl.tools.aggregate.seeds_figure`). What of the run directories
     cannot be read (a damaged ``config.json``, lines of ``metrics.jsonl`` no run writes) is left
     out, each file named in ``skipped`` when given (:attr:`Run.skipped`); so is a run that
     has nothing left to draw for it, while another has (named there too).
@@ -479,17 +476,8 @@ def plot_runs(
         labels = None if labels is None else [labels[i] for i in drawn]
     if skipped is not None:
         skipped.extend(left_out)
-    fig = None
-    if not (per_run or metrics or labels is not None) and len(runs) > 1:
-        from mprl.tools import aggregate
-
-        if not aggregate.can_band(runs):
-            pass  # no configuration with several seeds: one line per run says it all
-        elif aggregate.rliable() is None:
-            if notes is not None:
-                notes.append(f"one line per run, no IQM bands: {aggregate.RLIABLE_MISSING}")
-        else:
-            fig = aggregate.build_iqm_figure(runs, window=window)
+    several = across_seeds is not None and len(runs) > 1 and not (metrics or labels is not None)
+    fig = across_seeds(runs, window) if several else None  # type: ignore[misc]
     if fig is None:
         fig = build_figure(runs, labels=labels, window=window, metrics=metrics)
     try:

@@ -13,7 +13,7 @@ from matplotlib.collections import PolyCollection
 
 from mprl.tools import aggregate
 from mprl.tools.cli import main
-from mprl.tools.report import plot_runs, read_run
+from mprl.tools.report import read_run
 from mprl_builtin.sweep import results, spec
 
 needs_rliable = pytest.mark.skipif(aggregate.rliable() is None, reason="rliable not installed")
@@ -156,6 +156,9 @@ def test_plot_draws_each_configuration_as_its_iqm_with_a_band(tmp_path, capsys):
 def test_plot_without_rliable_draws_lines_and_says_why(tmp_path, monkeypatch, capsys):
     runs = [write_run(tmp_path / f"a{s}", final=400, seed=s) for s in range(2)]
     monkeypatch.setattr(aggregate, "rliable", lambda: None)
+    assert main(["plot", *map(str, runs), "-o", str(tmp_path / "c.png")]) == 0
+    said = capsys.readouterr().err
+    assert f"mprl: one line per run, no IQM bands: {aggregate.RLIABLE_MISSING}" in said
     notes: list[str] = []
-    plot_runs(runs, tmp_path / "c.png", notes=notes)
-    assert notes == [f"one line per run, no IQM bands: {aggregate.RLIABLE_MISSING}"]
+    fig = aggregate.seeds_figure([read_run(p) for p in runs], 100, notes)
+    assert fig is None and len(notes) == 1

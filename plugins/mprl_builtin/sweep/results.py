@@ -322,9 +322,13 @@ def plot_profiles(sweep_dir: Path, rows: Sequence[dict[str, Any]]) -> Path:
     ``create_performance_profile``); the env's reward threshold dashed."""
     Figure, FigureCanvasAgg = matplotlib_classes()
     scored = [r for r in rows if r["scores"]]
-    every = [v for r in scored for v in r["scores"]]
+    thresholds = reward_thresholds([read_run(p) for r in scored for p in r["run_dirs"][:1]])
+    # from the lowest score to the highest, the env's threshold within (all 500: 475 to 500)
+    every = [v for r in scored for v in r["scores"]] + [value for value, _ in thresholds]
     low, high = min(every), max(every)
-    taus = np.linspace(low, high, 101) if high > low else np.array([low])
+    if high == low:
+        low, high = low - 1, high + 1
+    taus = np.linspace(low, high, 201)
     profiles = aggregate.performance_profiles({r["config"]: r["scores"] for r in scored}, taus)
     fig = Figure(figsize=(7, 4.8), layout="constrained")
     FigureCanvasAgg(fig)
@@ -336,7 +340,7 @@ def plot_profiles(sweep_dir: Path, rows: Sequence[dict[str, Any]]) -> Path:
         ax.plot(taus, point, color=color, linewidth=1.5, label=label)
         if len(row["scores"]) > 1:  # one run has no spread to resample
             ax.fill_between(taus, band[0], band[1], color=color, alpha=0.2, linewidth=0)
-    for value, envs in reward_thresholds([read_run(p) for r in scored for p in r["run_dirs"][:1]]):
+    for value, envs in thresholds:
         ax.axvline(value, color="0.3", linestyle="--", linewidth=1,
                    label=f"threshold {value:g} ({', '.join(envs)})")  # fmt: skip
     kinds = {r["score_kind"] for r in scored}
