@@ -11,7 +11,7 @@ import json
 import math
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -109,6 +109,33 @@ def load_id(run_dir: Path, name: str) -> dict[str, Any] | None:
 def save_id(run_dir: Path, name: str, values: Mapping[str, Any]) -> None:
     """Keep the tracker run's id in the run directory, for ``--resume`` to go on with it."""
     (Path(run_dir) / name).write_text(json.dumps(dict(values), indent=2, sort_keys=True) + "\n")
+
+
+#: run directory -> tracker -> how to take back its start (while the run is starting)
+_undo: dict[Path, dict[str, Callable[[], None]]] = {}
+
+
+def started(run_dir: Path, tracker: str, undo: Callable[[], None]) -> None:
+    """``tracker`` started its run for ``run_dir``: ``undo`` takes it back if another tracker
+    then fails to start (the run is refused, and nothing of it may stay)."""
+    _undo.setdefault(run_dir, {})[tracker] = undo
+
+
+def ended(run_dir: Path, tracker: str) -> None:
+    """``tracker``'s run for ``run_dir`` ended: nothing to take back any more."""
+    undos = _undo.get(run_dir, {})
+    undos.pop(tracker, None)
+    if not undos:
+        _undo.pop(run_dir, None)
+
+
+def abort(run_dir: Path) -> None:
+    """A tracker could not start: take back what the others started for ``run_dir``."""
+    for tracker, undo in _undo.pop(run_dir, {}).items():
+        try:
+            undo()
+        except Exception as exc:
+            say(tracker, f"warning: taking back its run failed ({one_line(exc)})")
 
 
 def say(tracker: str, text: str) -> None:

@@ -200,3 +200,30 @@ def test_a_failed_run_ends_failed_in_both_trackers(installed, tmp_path, trackers
     assert found.info.status == "FAILED"
     assert found.data.tags["mprl.status"] == "failed"
     assert found.data.tags["mprl.exit_code"] == "1"
+
+
+def test_a_tracker_that_cannot_start_refuses_the_run_and_takes_back_the_other(
+    tmp_path, trackers, monkeypatch
+):
+    """MLflow starts first, then W&B cannot (online, no login): the run is refused before
+    anything starts, the MLflow run is deleted and the run directory removed, so the same
+    command can be rerun."""
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    run_dir = tmp_path / "run"
+    proc = cli(
+        *RUN, "--wandb-mode", "online", "--run-dir", str(run_dir), env=trackers
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.splitlines()[-1].startswith(
+        "mprl: error: --wandb: W&B could not start a run (UsageError: No API key configured."
+    )
+    assert not run_dir.exists()
+
+    from mlflow.entities import ViewType
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=trackers["MLFLOW_TRACKING_URI"])
+    experiment = client.get_experiment_by_name("mprl")
+    assert client.search_runs([experiment.experiment_id]) == []  # none left active
+    [deleted] = client.search_runs([experiment.experiment_id], run_view_type=ViewType.ALL)
+    assert deleted.info.lifecycle_stage == "deleted"

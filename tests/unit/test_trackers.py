@@ -61,7 +61,10 @@ def test_without_its_flag_a_tracker_imports_nothing(name, tmp_path, monkeypatch)
     monkeypatch.setitem(sys.modules, name, None)  # `import NAME` would fail
     plugin = PLUGINS[name]
     run = run_info(tmp_path)
-    assert plugin.mprl_run_start(run=run) is None
+    start = plugin.mprl_run_start(run=run)  # a wrapper: the other plugins' run between
+    next(start)
+    with pytest.raises(StopIteration):
+        start.send([])
     assert plugin.mprl_report_metrics(run=run, records=[{"step": 1, "x": 1.0}]) is None
     assert plugin.mprl_run_end(run=run, summary={"status": "finished"}) is None
 
@@ -70,10 +73,30 @@ def test_without_its_flag_a_tracker_imports_nothing(name, tmp_path, monkeypatch)
 def test_a_missing_library_is_a_usage_error_before_anything_starts(name, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, name, None)  # as when the extra is not installed
     run_dir = tmp_path / "run"
-    with pytest.raises(UsageError) as raised:
-        mprl.run("a3c", backend="serial", run_dir=run_dir, progress="none", **{name: True})
+    with pytest.raises(UsageError) as raised:  # before the other reporters start (tensorboard)
+        mprl.run(
+            "a3c", backend="serial", run_dir=run_dir, progress="none", tensorboard=True,
+            **{name: True},
+        )  # fmt: skip
     assert str(raised.value) == f'--{name} needs the {name} package: pip install "mprl[{name}]"'
     assert not run_dir.exists()  # no half-made run directory: the same command can be rerun
+
+
+def test_a_tracker_that_cannot_start_takes_back_the_others_start(tmp_path, capsys):
+    taken: list[str] = []
+    tracking.started(tmp_path, "one", lambda: taken.append("one"))
+    tracking.started(tmp_path, "two", lambda: 1 / 0)
+    tracking.started(tmp_path / "other", "one", lambda: taken.append("other"))
+    tracking.abort(tmp_path)
+    assert taken == ["one"]
+    assert capsys.readouterr().err.splitlines() == [
+        "mprl: two: warning: taking back its run failed (ZeroDivisionError: division by zero)"
+    ]
+    tracking.abort(tmp_path)  # once only
+    assert taken == ["one"]
+    tracking.ended(tmp_path / "other", "one")  # a run that ended has nothing to take back
+    tracking.abort(tmp_path / "other")
+    assert taken == ["one"]
 
 
 class BrokenWandbRun:

@@ -89,39 +89,62 @@ def mprl_register_options(register: Callable[[type], None]) -> None:
     register(MlflowOptions)
 
 
-@mprl.hookimpl
+@mprl.hookimpl(wrapper=True)
 def mprl_run_start(run):
-    """Start (or, for a resumed run, go on with) the MLflow run and log its parameters; fail with
-    a usage error, before any process starts, if the package is missing or the store cannot be
-    used."""
+    """Start (or, for a resumed run, go on with) the MLflow run and log its parameters, once
+    every other plugin's ``mprl_run_start`` went through (so that none of them refuses the run
+    after it started); fail with a usage error, before any process starts, if the package is
+    missing (checked before the others run) or the store cannot be used."""
     options = run.run.of(MlflowOptions)
     if not options.mlflow:
-        return
+        return (yield)
     try:
         import mlflow
         from mlflow.tracking import MlflowClient
     except ImportError:
         raise UsageError(MISSING) from None
+    result = yield
+    _start(mlflow, MlflowClient, run, options)
+    return result
+
+
+def _start(mlflow: Any, client_class: type, run: Any, options: MlflowOptions) -> None:
     params = tracking.parameters(run)
     run_dir = Path(run.run_dir).resolve()
     before = (tracking.load_id(run_dir, ID_FILE) or {}) if params.get("session") else {}
     uri = options.mlflow_uri or before.get("tracking_uri") or mlflow.get_tracking_uri()
     try:
         uri = _absolute(uri)
-        client = MlflowClient(tracking_uri=uri)
+        client = client_class(tracking_uri=uri)
         resumed = before.get("run_id") if before.get("tracking_uri") == uri else None
-        run_id = _resume(client, resumed) or _create(client, uri, options.mlflow_experiment, run)
+        status = _resume(client, resumed)
+        run_id = resumed if status else _create(client, uri, options.mlflow_experiment, run)
         _log_parameters(client, run_id, params)
     except Exception as exc:  # a store it cannot open, a server it cannot reach
+        tracking.abort(run_dir)  # a tracker that started before this one
         raise UsageError(
             f"--mlflow: MLflow could not start a run in {uri} ({tracking.one_line(exc)})"
         ) from None
     tracked = _Tracked(client, run_id, uri, options.mlflow_experiment, tracking.Failures(NAME))
     _runs[run_dir] = tracked
+    tracking.started(run_dir, NAME, lambda: _undo(run_dir, status))
     try:
         tracking.save_id(run_dir, ID_FILE, {"run_id": run_id, "tracking_uri": uri})
     except OSError as exc:
         tracked.failures(f"keeping the run id in {ID_FILE} (for --resume)", exc)
+
+
+def _undo(run_dir: Path, status: str | None) -> None:
+    """Take back a start that another tracker's failed start made moot (the run is refused): a
+    new MLflow run is deleted, a resumed one gets its status back."""
+    tracked = _runs.pop(run_dir, None)
+    if tracked is None:
+        return
+    if status:
+        tracked.client.set_terminated(tracked.run_id, status)
+    else:
+        tracked.client.delete_run(tracked.run_id)
+        (run_dir / ID_FILE).unlink(missing_ok=True)
 
 
 def _absolute(uri: str) -> str:
@@ -140,15 +163,16 @@ def _absolute(uri: str) -> str:
 
 
 def _resume(client: Any, run_id: str | None) -> str | None:
-    """The resumed run's MLflow run, running again; None when there is none to go on with."""
+    """Set the resumed run's MLflow run running again; returns the status it had, None when
+    there is none to go on with."""
     if not run_id:
         return None
     try:
-        client.get_run(run_id)
+        status = client.get_run(run_id).info.status
     except Exception:  # deleted since, or another store: a new MLflow run
         return None
     client.update_run(run_id, status="RUNNING")
-    return run_id
+    return status
 
 
 def artifact_root(uri: str) -> str | None:
@@ -241,6 +265,7 @@ def mprl_run_end(run, summary: Mapping[str, Any]):
     """The totals as metrics at the last step, the status as tags, the final checkpoint as an
     artifact, and the MLflow run ended FINISHED, FAILED or KILLED."""
     tracked = _runs.pop(Path(run.run_dir).resolve(), None)
+    tracking.ended(Path(run.run_dir).resolve(), NAME)
     if tracked is None:
         return
     client, run_id = tracked.client, tracked.run_id

@@ -87,22 +87,30 @@ def mprl_register_options(register: Callable[[type], None]) -> None:
     register(WandbOptions)
 
 
-@mprl.hookimpl
+@mprl.hookimpl(wrapper=True)
 def mprl_run_start(run):
-    """Start (or, for a resumed run, go on with) the W&B run; fail with a usage error, before
-    any process starts, if the package is missing or W&B cannot start a run."""
+    """Start (or, for a resumed run, go on with) the W&B run, once every other plugin's
+    ``mprl_run_start`` went through (so that none of them refuses the run after it started);
+    fail with a usage error, before any process starts, if the package is missing (checked
+    before the others run) or W&B cannot start a run."""
     options = run.run.of(WandbOptions)
     if not options.wandb:
-        return
+        return (yield)
     try:
         import wandb
     except ImportError:
         raise UsageError(MISSING) from None
+    result = yield
+    _start(wandb, run, options)
+    return result
+
+
+def _start(wandb: Any, run: Any, options: WandbOptions) -> None:
     params = tracking.parameters(run)
     run_dir = Path(run.run_dir).resolve()
     root = Path(options.wandb_dir).expanduser().resolve() if options.wandb_dir else run_dir
     before = tracking.load_id(run_dir, ID_FILE) if params.get("session") else None
-    same = before and before.get("project") == options.wandb_project
+    same = bool(before) and before.get("project") == options.wandb_project
     made = not (root / "wandb").exists()
     try:
         started = wandb.init(
@@ -125,15 +133,32 @@ def mprl_run_start(run):
     except Exception as exc:  # no login for online, a bad entity, no network
         if made:  # the same command can be rerun into the same run directory
             shutil.rmtree(root / "wandb", ignore_errors=True)
+        tracking.abort(run_dir)  # a tracker that started before this one
         raise UsageError(f"--wandb: W&B could not start a run ({tracking.one_line(exc)})") from None
     tracked = _Tracked(started, options.wandb_mode, tracking.Failures(NAME))
     _runs[run_dir] = tracked
+    tracking.started(run_dir, NAME, lambda: _undo(wandb, run_dir, root / "wandb", made, same))
     try:
         tracking.save_id(run_dir, ID_FILE, {"id": started.id, "project": options.wandb_project})
     except OSError as exc:
         tracked.failures(f"keeping the run id in {ID_FILE} (for --resume)", exc)
     if options.wandb_mode == "online":
         tracking.say(NAME, f"run {started.url}")
+
+
+def _undo(wandb: Any, run_dir: Path, folder: Path, made: bool, resumed: bool) -> None:
+    """Take back a start that another tracker's failed start made moot (the run is refused):
+    the W&B run ends, what this session wrote goes, so the same command can be rerun."""
+    tracked = _runs.pop(run_dir, None)
+    if tracked is None:
+        return
+    session = Path(tracked.run.settings.sync_dir)
+    tracked.run.finish(exit_code=2)
+    if wandb.run is None:
+        wandb.teardown()
+    shutil.rmtree(folder if made else session, ignore_errors=True)
+    if not resumed:
+        (run_dir / ID_FILE).unlink(missing_ok=True)
 
 
 @mprl.hookimpl
@@ -156,6 +181,7 @@ def mprl_run_end(run, summary: Mapping[str, Any]):
     """The totals into the summary, the final checkpoint as a ``model`` artifact, and the W&B
     run ended with the run's exit code; for an offline run, the ``wandb sync`` line."""
     tracked = _runs.pop(Path(run.run_dir).resolve(), None)
+    tracking.ended(Path(run.run_dir).resolve(), NAME)
     if tracked is None:
         return
     import wandb
