@@ -267,6 +267,9 @@ def _plugin_help(pm: PluginManager, name: str) -> str:
         + ", ".join(t.__name__ for t in algo.action_spaces),
         "config fields (set with --set KEY=VALUE or in --config FILE.toml):",
     ]
+    if algo.run_defaults:  # the run options it sets where the user gives none
+        given = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in algo.run_defaults.items())
+        lines.insert(-1, f"its run options unless given: {given}")
     rows = describe_fields(algo.config_cls)
     width = max((len(f"{n} ({t})") for n, t, _, _ in rows), default=0)
     for field_name, type_name, default, text in rows:

@@ -20,6 +20,7 @@ from mprl.deprecated import MprlDeprecationWarning
 from mprl.errors import UsageError
 from mprl.host.job import resolve
 from mprl.testing import SerialResult, plugin_manager, run_serial
+from mprl.tools.cli import main
 from mprl_builtin import dqn
 from mprl_builtin.dqn import DQNConfig
 from mprl_builtin.dqn.algorithm import _update, epsilon, make_model, replay_ratio
@@ -130,7 +131,7 @@ def test_continuous_actions_and_images_are_refused(capsys):
     assert code == 2 and "field 'n_step'" in err
 
 
-def test_dqn_judges_solved_on_evaluation_episodes_unless_told_otherwise():
+def test_dqn_judges_solved_on_evaluation_episodes_unless_told_otherwise(capsys):
     """Its epsilon-greedy training returns lag a greedy policy that solves: by default a dqn
     run plays 10 evaluation episodes every 2,000 env steps and is judged on them."""
     pm = plugin_manager(dqn)
@@ -138,6 +139,8 @@ def test_dqn_judges_solved_on_evaluation_episodes_unless_told_otherwise():
     assert (run.eval_every, run.eval_episodes) == (2000, 10)
     _, _, _, run = resolve("dqn", pm, None, {"eval_every": 0, "eval_episodes": 3})
     assert (run.eval_every, run.eval_episodes) == (0, 3)  # the user's values win, 0 too
+    assert main(["run", "--plugin", "dqn", "--help"]) == 0
+    assert "its run options unless given: --eval-every 2000\n" in capsys.readouterr().out
     odd = attrs.evolve(dqn.ALGORITHM, name="odd", run_defaults={"eval_evry": 5})
     with pytest.raises(
         UsageError, match="algorithm 'odd''s run_defaults: unknown field 'eval_evry'"
