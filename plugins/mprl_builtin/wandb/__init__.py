@@ -203,10 +203,10 @@ def mprl_run_end(run, summary: Mapping[str, Any]):
         tracked.failures("logging the summary and checkpoint", exc)
     try:
         wb.finish(exit_code=int(summary.get("exit_code", 1)))
+        if wandb.run is None:  # no run of the caller's own: W&B's service process ends now
+            wandb.teardown()
     except Exception as exc:
         tracked.failures("ending the W&B run", exc)
-    if wandb.run is None:  # no run of the caller's own: W&B's service process ends now
-        wandb.teardown()
     _say_end(tracked)
 
 
