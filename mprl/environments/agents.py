@@ -8,7 +8,13 @@ The conventions (also in :mod:`mprl.spaces`):
 - observations: one row per agent (an :class:`mprl.spaces.AgentBox`; an agent's array
   observation flattened), padded with zeros to the longest agent's; an agent that has finished
   sees zeros;
-- actions: one per agent, in the rows' order; a finished agent's is ignored;
+- actions: one per agent, in the rows' order; a finished agent's is ignored. Discrete ones are
+  a ``MultiDiscrete`` of each agent's count; where the counts differ (``simple_world_comm_v3``:
+  the leader 20, the others 5) a policy has one output per action of the largest count and
+  masks each agent's others (:attr:`AgentEnv.action_mask`, ``[agents, n]``, true where the
+  agent has the action; :func:`mprl.spaces.action_mask` of the action space); an action an
+  agent does not have is refused (``ValueError``), never passed to the env. Box actions must
+  have one shape for all agents;
 - reward: the team's, the mean over the agents of their rewards (a finished agent's counts as
   0), so the episode return mprl logs is the mean of the agents' returns; ``info["agent_rewards"]``
   holds each agent's;
@@ -16,7 +22,11 @@ The conventions (also in :mod:`mprl.spaces`):
   state, the env's own ``state()`` where it has one (MPE's: every agent's observation
   concatenated), else the agents' padded observations concatenated;
 - the episode ends (terminated) when every agent has terminated, or (truncated) when the last
-  agents left were truncated.
+  agents left were truncated;
+- teams: agents are grouped by their names (:func:`mprl.spaces.team_of`: ``adversary_0``,
+  ``adversary_1`` -> ``adversary``); where there are several, not one per agent, each
+  episode's team returns (the mean of the team's agents' returns) are logged as
+  ``return_team_<team>`` beside each agent's ``return_<agent>``.
 """
 
 from __future__ import annotations
@@ -29,7 +39,7 @@ import numpy as np
 
 from mprl.envcheck import check_parallel_first_steps
 from mprl.errors import UsageError
-from mprl.spaces import AgentBox
+from mprl.spaces import AgentBox, action_mask
 
 
 def is_parallel_env(env: Any) -> bool:
@@ -51,14 +61,17 @@ AEC_FIX = (
 
 
 def _action_space(name: str, spaces: dict[str, gym.Space]) -> gym.Space:
-    first = next(iter(spaces.values()))
+    """One space for every agent's action: ``MultiDiscrete`` of each agent's count (which
+    may differ: :func:`mprl.spaces.action_mask` says which actions each has), or a ``Box``
+    ``[agents, ...]`` of the agents' bounds (one shape for all)."""
     if all(isinstance(s, gym.spaces.Discrete) for s in spaces.values()):
-        sizes = {a: int(s.n) for a, s in spaces.items()}
-        if len(set(sizes.values())) == 1:
-            return gym.spaces.MultiDiscrete([first.n] * len(spaces))
-        detail = ", ".join(f"{a}: {n}" for a, n in sizes.items())
-        raise UsageError(f"environment {name!r}: its agents have different action counts ({detail})"
-                         "; mprl needs one action space for all agents")  # fmt: skip
+        starts = {a: int(s.start) for a, s in spaces.items() if int(s.start) != 0}
+        if starts:
+            detail = ", ".join(f"{a}: starts at {n}" for a, n in starts.items())
+            raise UsageError(
+                f"environment {name!r}: its agents' actions must start at 0 ({detail})"
+            )
+        return gym.spaces.MultiDiscrete([int(s.n) for s in spaces.values()])
     if all(isinstance(s, gym.spaces.Box) for s in spaces.values()):
         shapes = {a: s.shape for a, s in spaces.items()}
         if len(set(shapes.values())) == 1:
@@ -66,8 +79,9 @@ def _action_space(name: str, spaces: dict[str, gym.Space]) -> gym.Space:
             high = np.stack([s.high for s in spaces.values()])
             return gym.spaces.Box(low, high, dtype=np.float32)
         detail = ", ".join(f"{a}: {s}" for a, s in shapes.items())
-        raise UsageError(f"environment {name!r}: its agents have different action shapes ({detail})"
-                         "; mprl needs one action space for all agents")  # fmt: skip
+        raise UsageError(f"environment {name!r}: its agents' continuous actions have different "
+                         f"shapes ({detail}); mprl takes Box actions of one shape for all agents "
+                         "(agents with different Discrete counts are masked)")  # fmt: skip
     kinds = ", ".join(f"{a}: {type(s).__name__}" for a, s in spaces.items())
     raise UsageError(
         f"environment {name!r}: its agents' action spaces are not all Discrete or all Box ({kinds})"
@@ -115,6 +129,9 @@ class AgentEnv(gym.Env):
         self.action_space = _action_space(
             self.name, {a: env.action_space(a) for a in self.agent_names}
         )
+        #: which actions each agent has (``[agents, n]``), ``None`` where all have all
+        self.action_mask = action_mask(self.action_space)
+        self._counts = getattr(self.action_space, "nvec", None)
         self.render_mode = getattr(env, "render_mode", None)
         self.metadata = dict(getattr(env, "metadata", {}) or {})
         self._rows = {a: i for i, a in enumerate(self.agent_names)}
@@ -139,6 +156,8 @@ class AgentEnv(gym.Env):
 
     def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
         acting = list(self.env.agents)
+        if self._counts is not None:  # an action an agent does not have never reaches the env
+            self._check_actions(np.asarray(action), acting)
         actions = {a: _one(action[self._rows[a]]) for a in acting}
         observations, rewards, _, truncated, _ = self.env.step(actions)
         obs, info = self._observe(observations)
@@ -149,6 +168,15 @@ class AgentEnv(gym.Env):
         over = not self.env.agents
         cut = any(truncated.get(a, False) for a in acting)
         return obs, float(agent_rewards.mean()), over and not cut, over and cut, info
+
+    def _check_actions(self, action: np.ndarray, acting: list[str]) -> None:
+        rows = [self._rows[a] for a in acting]
+        bad = [r for r in rows if not 0 <= action[r] < self._counts[r]]
+        if bad:
+            detail = ", ".join(
+                f"{self.agent_names[r]}: {action[r]} (it has {self._counts[r]})" for r in bad
+            )
+            raise ValueError(f"environment {self.name!r}: actions out of range ({detail})")
 
     def state(self) -> np.ndarray:
         return np.asarray(self.env.state(), np.float32) if self.own_state else self._obs.ravel()

@@ -7,6 +7,8 @@ The conventions are those of :class:`AgentEnv` (the env room's,
 :mod:`mprl.environments.agents`, which makes PettingZoo's envs; also in :mod:`mprl.spaces`): one
 observation row per agent, one action per agent, the team's reward the mean of the agents'
 (each agent's in ``info["agent_rewards"]``), ``info["alive"]`` and ``info["state"]``.
+Agents with different action counts are masked (:func:`masked_logits`), and agents are grouped
+in teams by name (:func:`mprl.spaces.team_of`), each team's episode return logged.
 """
 
 from __future__ import annotations
@@ -20,17 +22,40 @@ import torch
 from mprl.environments.agents import AEC_FIX, AgentEnv, AgentReturns, is_aec, is_parallel_env
 from mprl.errors import UsageError
 from mprl.lib.envbatch import _Beat
-from mprl.spaces import agents_of
+from mprl.spaces import action_mask, agents_of, teams_of
 
 __all__ = [
     "AEC_FIX",
     "AgentBatch",
     "AgentEnv",
     "AgentReturns",
+    "agent_action_mask",
     "agent_rollout_spec",
     "is_aec",
     "is_parallel_env",
+    "masked_logits",
 ]
+
+#: what a masked action's logit becomes: its probability is exactly 0 in float32, and unlike
+#: -inf it leaves no NaN in an entropy or a gradient
+MASKED_LOGIT = -1e9
+
+
+def masked_logits(logits: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """``logits [..., A, n]`` with the actions an agent does not have (``mask [A, n]`` false:
+    :func:`mprl.spaces.action_mask`) set to :data:`MASKED_LOGIT`, so that they are never
+    sampled nor the argmax and take no probability (nor entropy); ``logits`` as they are
+    where ``mask`` is ``None``."""
+    if mask is None:
+        return logits
+    return logits.masked_fill(~mask, MASKED_LOGIT)
+
+
+def agent_action_mask(space: gym.Space) -> torch.Tensor | None:
+    """:func:`mprl.spaces.action_mask` of an action space as a bool tensor (for a model's
+    buffer), ``None`` where every agent has every action."""
+    mask = action_mask(space)
+    return None if mask is None else torch.as_tensor(mask, dtype=torch.bool)
 
 
 def agent_rollout_spec(
@@ -61,7 +86,9 @@ def agent_rollout_spec(
 
 class AgentBatch:
     """The multi-agent envs of one worker, stepped together: the team's and each agent's
-    episode returns logged (``ctx.log_episode(team, length, return_<agent>=...)``), finished
+    episode returns logged (``ctx.log_episode(team, length, return_<agent>=...)``, and
+    ``return_team_<team>=...``, the mean of its agents', where the agents' names make several
+    teams and not one per agent: :func:`mprl.spaces.teams_of`), finished
     episodes reset, and where a time limit cut an episode, ``gamma`` times the value of where
     it stopped added to each live agent's last reward (as :class:`mprl.lib.envbatch.EnvBatch`
     does for one agent).
@@ -80,6 +107,10 @@ class AgentBatch:
         beat()
         self.agents = agents_of(self.envs[0].observation_space) or ()
         self.keys = [f"return_{a}" for a in self.agents]
+        # several teams, not all of one agent (those would repeat the agents' returns)
+        teams = teams_of(self.agents)
+        several = 1 < len(teams) < len(self.agents)
+        self.teams = {f"return_team_{t}": list(r) for t, r in teams.items()} if several else {}
         self.obs = torch.as_tensor(np.stack([o for o, _ in first]))
         self.state = torch.as_tensor(np.stack([i["state"] for _, i in first]))
         self.alive = torch.as_tensor(np.stack([i["alive"] for _, i in first]), dtype=torch.float32)
@@ -125,6 +156,8 @@ class AgentBatch:
     def _log(self, i: int) -> None:
         team = float(self.returns[i].mean())
         per_agent = dict(zip(self.keys, self.returns[i].tolist(), strict=True))
+        for key, rows in self.teams.items():
+            per_agent[key] = float(self.returns[i][rows].mean())
         self.ctx.log_episode(team, self.lengths[i], **per_agent)
         self.returns[i] = 0.0
         self.lengths[i] = 0

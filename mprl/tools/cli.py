@@ -225,7 +225,8 @@ def _add_plot(sub: Any) -> None:
     plot.add_argument(
         "--metric", dest="metrics", action="append", default=[], metavar="NAME",
         help="plot this logged value instead of the return (repeatable), e.g. tom_accuracy, "
-        "policy_loss; 'agents': each agent's return of a multi-agent run",
+        "policy_loss; 'agents': each agent's return of a multi-agent run; 'teams': each "
+        "team's (agents named adversary_0, adversary_1 play for adversary)",
     )  # fmt: skip
 
 
@@ -458,6 +459,9 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     if r.get("agents"):  # a multi-agent env: the return above is the team's (agents' mean)
         each = ", ".join(f"{a} {v['mean_return']:.1f}" for a, v in r["agents"].items())
         print(f"    per agent: {shown(each)}")
+    if r.get("teams"):  # a competitive env: what each side scored
+        each = ", ".join(f"{t} {v['mean_return']:.1f}" for t, v in r["teams"].items())
+        print(f"    per team: {shown(each)}")
     return 0
 
 

@@ -18,7 +18,7 @@ from mprl.host.envs import make_env, play_episodes
 from mprl.host.loading import Checkpoint, checked_env, resolved, restored
 from mprl.host.plugins import PluginManager, get_plugin_manager
 from mprl.host.rundir import atomic_write
-from mprl.spaces import agents_of
+from mprl.spaces import agents_of, teams_of
 
 
 def evaluate(
@@ -96,14 +96,23 @@ def _play(
 
 def _per_agent(agents: tuple[str, ...], returns: list[list[float]]) -> dict[str, Any]:
     """Each agent's mean return and returns, for a multi-agent env (whose ``returns`` are the
-    team's: the mean of the agents')."""
+    mean of all the agents'), and where the agents' names make several teams
+    (:func:`mprl.spaces.teams_of`: a competitive env; not one per agent) each team's, the mean
+    of its agents'."""
     columns = list(zip(*returns, strict=True))
-    return {
+    result: dict[str, Any] = {
         "agents": {
             name: {"mean_return": statistics.fmean(col), "returns": list(col)}
             for name, col in zip(agents, columns, strict=True)
         }
     }
+    teams = teams_of(agents)
+    if 1 < len(teams) < len(agents):  # one team per agent would repeat the agents' returns
+        result["teams"] = {}
+        for team, rows in teams.items():
+            each = [statistics.fmean(episode[r] for r in rows) for episode in returns]
+            result["teams"][team] = {"mean_return": statistics.fmean(each), "returns": each}
+    return result
 
 
 def _statistics(returns: list[float], lengths: list[int]) -> dict[str, Any]:

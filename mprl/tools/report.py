@@ -182,7 +182,8 @@ def read_run(path: str | Path, label: str | None = None, metrics: Sequence[str] 
     the order they finished (their ``wall`` stamps), not the order the processes' batched
     records reached the file. ``label`` defaults to the directory's name. ``metrics`` names
     other values to collect into ``series`` (``tom_accuracy``); ``"agents"`` stands for each
-    agent's return of a multi-agent run (``return_<agent>``).
+    agent's return of a multi-agent run (``return_<agent>``), ``"teams"`` for each team's
+    (``return_team_<team>``, logged where the agents make several teams).
 
     :raises UsageError: ``path`` is not a run directory (neither ``metrics.jsonl`` nor
         ``summary.json``), or one of its JSON files is unreadable.
@@ -270,7 +271,12 @@ def _collect(
     wall: float,
 ) -> None:
     for key, value in record.items():
-        wanted = key in metrics or ("agents" in metrics and key.startswith("return_"))
+        team = key.startswith("return_team_")
+        wanted = (
+            key in metrics
+            or ("agents" in metrics and key.startswith("return_") and not team)
+            or ("teams" in metrics and team)
+        )
         if wanted and _finite(value):
             series.setdefault(key, []).append((step, wall, float(value)))
 

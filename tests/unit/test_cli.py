@@ -43,7 +43,6 @@ LISTED = "installed: " + ", ".join(rf"(?:[\w.-]+, )*?{re.escape(n)}" for n in BU
         # multi-agent envs: the plugin and the env must agree on agents; AEC-only envs refused
         (["--plugin", "ppo", "--env", "mpe2:simple_spread_v3"], r"algorithm 'ppo' takes single-agent environments, and 'mpe2:simple_spread_v3' has 3 agents \(agent_0, agent_1, agent_2\): run a multi-agent algorithm \(--plugin mappo or ippo"),
         (["--plugin", "mappo", "--env", "CartPole-v1"], r"algorithm 'mappo' takes multi-agent environments \(PettingZoo's parallel API, e.g. --env mpe2:simple_spread_v3\), and 'CartPole-v1' has one agent"),
-        (["--plugin", "mappo", "--env", "mpe2:simple_world_comm_v3"], r"its agents have different action counts \(leadadversary_0: 20, adversary_0: 5, .*\); mprl needs one action space for all agents"),
         (["--plugin", "mappo", "--env", "mpe2:simple_spread_v3(N=two)"], r"environment 'mpe2:simple_spread_v3\(N=two\)': its arguments must be key=value with Python literals"),
         (["--plugin", "mappo", "--env", "mpe2:simple_spread_v3(bogus=1)"], r"environment 'mpe2:simple_spread_v3\(bogus=1\)' cannot be made with bogus=1: TypeError: .*unexpected keyword argument 'bogus'"),
         (["--plugin", "a3c", "--set", "core=lstm"], r"unknown field 'core'"),

@@ -69,6 +69,7 @@ def agents_model(act_space: gym.Space, **config) -> tuple[torch.nn.Module, gym.S
 
 AGENT_BOX = gym.spaces.Box(-1.0, 1.0, (3, 2), np.float32)
 AGENT_CHOICES = gym.spaces.MultiDiscrete([5, 5, 5])
+UNLIKE_CHOICES = gym.spaces.MultiDiscrete([2, 5, 3])  # agents with different action counts
 MODELS = {
     "actor-critic": lambda: (ActorCritic(FLAT, gym.spaces.Discrete(3), (16,)), FLAT),
     "actor-critic-box-norm-sde": lambda: (
@@ -89,8 +90,12 @@ MODELS = {
     "dqn": lambda: (dqn.algorithm.make_model(FLAT, gym.spaces.Discrete(3), dqn.DQNConfig()), FLAT),
     "sac": lambda: (sac.algorithm.make_model(FLAT, BOX, sac.SACConfig(hidden=(16, 16))), FLAT),
     "mappo": lambda: agents_model(AGENT_CHOICES),
+    "mappo-unlike-actions": lambda: agents_model(UNLIKE_CHOICES),
     "ippo-box-own-nets": lambda: agents_model(AGENT_BOX, ippo=True, share_params=False),
     "rmappo-lstm": lambda: agents_model(AGENT_CHOICES, core="lstm", core_size=8),
+    "rmappo-gru-unlike-actions-own-nets": lambda: agents_model(
+        UNLIKE_CHOICES, core="gru", core_size=8, share_params=False
+    ),
     "rmappo-gru-box-own-nets": lambda: agents_model(
         AGENT_BOX, core="gru", core_size=8, share_params=False
     ),

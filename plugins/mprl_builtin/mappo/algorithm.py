@@ -26,7 +26,7 @@ from torch.nn import functional as F
 
 import mprl
 from mprl import schema
-from mprl.lib.marl import AgentBatch, agent_rollout_spec
+from mprl.lib.marl import AgentBatch, agent_action_mask, agent_rollout_spec, masked_logits
 from mprl.lib.nets import Adam, field_help, mlp
 from mprl.lib.norms import ValueNorm
 from mprl.lib.recurrent import core_field, core_size_field
@@ -138,7 +138,9 @@ class AgentsModel(nn.Module):
         super().__init__()
         self.n_agents, features = obs_space.shape
         self.discrete = isinstance(act_space, gym.spaces.MultiDiscrete)
-        n_out = int(act_space.nvec[0]) if self.discrete else int(act_space.shape[1])
+        n_out = int(act_space.nvec.max()) if self.discrete else int(act_space.shape[1])
+        # agents with fewer actions than the largest count: the others masked (not saved)
+        self.register_buffer("action_mask", agent_action_mask(act_space), persistent=False)
         self.central = cfg.critic == "central"
         critic_in = (obs_space.state.shape[0] if self.central else features) + self.n_agents
         copies = 1 if cfg.share_params else self.n_agents
@@ -158,8 +160,9 @@ class AgentsModel(nn.Module):
         return per_agent(nets, self.eye, x)
 
     def policy(self, obs: torch.Tensor) -> torch.Tensor:
-        """Logits (or Gaussian means) ``[..., A, n]`` of ``obs [..., A, features]``."""
-        return self._per_agent(self.actors, obs)
+        """Logits (or Gaussian means) ``[..., A, n]`` of ``obs [..., A, features]``; the
+        actions an agent does not have masked (:func:`mprl.lib.marl.masked_logits`)."""
+        return masked_logits(self._per_agent(self.actors, obs), self.action_mask)
 
     def value(self, obs: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
         """Each agent's normalised value ``[..., A]``; the critic sees ``state [..., S]``
@@ -217,6 +220,8 @@ class _GreedyAgents(nn.Module):
         self.actors = model.actors
         self.register_buffer("eye", model.eye.detach().clone())
         self.discrete = model.discrete
+        mask = model.action_mask
+        self.register_buffer("action_mask", None if mask is None else mask.detach().clone())
         if not self.discrete:
             self.register_buffer("low", model.low.detach().clone())
             self.register_buffer("high", model.high.detach().clone())
@@ -225,7 +230,7 @@ class _GreedyAgents(nn.Module):
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         out = per_agent(self.actors, self.eye, obs.float())
         if self.discrete:
-            return out.argmax(-1)
+            return masked_logits(out, self.action_mask).argmax(-1)
         return torch.max(torch.min(out, self.high), self.low)
 
 

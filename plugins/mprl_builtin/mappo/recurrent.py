@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from mprl.lib.marl import agent_action_mask, masked_logits
 from mprl.lib.norms import ValueNorm
 from mprl.lib.sequences import Segments
 from mprl.lib.torsos import encoder
@@ -88,7 +89,9 @@ class RecurrentAgentsModel(nn.Module):
         super().__init__()
         self.n_agents, features = obs_space.shape
         self.discrete = isinstance(act_space, gym.spaces.MultiDiscrete)
-        n_out = int(act_space.nvec[0]) if self.discrete else int(act_space.shape[1])
+        n_out = int(act_space.nvec.max()) if self.discrete else int(act_space.shape[1])
+        # agents with fewer actions than the largest count: the others masked (not saved)
+        self.register_buffer("action_mask", agent_action_mask(act_space), persistent=False)
         self.central = cfg.critic == "central"
         self.core_kind, self.core_size = cfg.core, cfg.core_size
         self.rows = 2 if cfg.core == "lstm" else 1  # of each network
@@ -153,6 +156,7 @@ class RecurrentAgentsModel(nn.Module):
         next hidden)``."""
         r = self.rows
         out, actor = self._step(self.actors, self._inputs(obs), hidden[:r])
+        out = masked_logits(out, self.action_mask)
         value, critic = self._step(self.critics, self._critic_inputs(obs, state), hidden[r:])
         return out, value.squeeze(-1), torch.cat([actor, critic])
 
@@ -167,6 +171,7 @@ class RecurrentAgentsModel(nn.Module):
         r, length = self.rows, obs.shape[0]
         dones = dones[: length - 1]
         out, actor = self._unroll(self.actors, self._inputs(obs), hidden[:r], dones)
+        out = masked_logits(out, self.action_mask)
         x = self._critic_inputs(obs, state)
         value, critic = self._unroll(self.critics, x, hidden[r:], dones)
         return out, value.squeeze(-1), torch.cat([actor, critic])
@@ -222,6 +227,7 @@ class RecurrentAgentsModel(nn.Module):
         with torch.no_grad():
             h = torch.cat([self._acting[j] for j in envs], 1)
             out, h = self._step(self.actors, self._inputs(obs.float()), h)
+            out = masked_logits(out, self.action_mask)
             if deterministic:
                 actions = out.argmax(-1) if self.discrete else out
             else:
@@ -246,6 +252,8 @@ class _GreedyRecurrentAgents(nn.Module):
         self.actors = model.actors
         self.register_buffer("eye", model.eye.detach().clone())
         self.discrete = model.discrete
+        mask = model.action_mask
+        self.register_buffer("action_mask", None if mask is None else mask.detach().clone())
         if not self.discrete:
             self.register_buffer("low", model.low.detach().clone())
             self.register_buffer("high", model.high.detach().clone())
@@ -257,7 +265,7 @@ class _GreedyRecurrentAgents(nn.Module):
         x = torch.cat([x, self.eye.expand(*x.shape[:-1], self.eye.shape[0])], -1)
         out, h = _step_agents(self.actors, x, torch.stack(state))
         if self.discrete:
-            actions = out.argmax(-1)
+            actions = masked_logits(out, self.action_mask).argmax(-1)
         else:
             actions = torch.max(torch.min(out, self.high), self.low)
         return (actions, *h.unbind(0))
