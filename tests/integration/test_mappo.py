@@ -80,3 +80,29 @@ def test_rmappo_replays_the_workers_log_probs_and_its_eval_resets_each_agents_st
     }
     again = cli("eval", str(run_dir), "--episodes", "3", "--seed", "4")
     assert again.returncode == 0 and json.loads((run_dir / "eval.json").read_text()) == result
+
+
+def test_a_competitive_task_with_unlike_agents_trains_and_evals_each_teams_return(tmp_path):
+    """simple_world_comm: the leader has 20 actions, the others 5 (masked); three teams by
+    name (leadadversary, adversary, agent), each one's return logged, evaluated and filmed."""
+    run_dir = tmp_path / "run"
+    env = "mpe2:simple_world_comm_v3(max_cycles=10)"
+    proc = cli("run", "--plugin", "mappo", "--env", env, "--serial", "--workers", "1",
+               "--total-steps", "200", "--set", "envs_per_worker=2", "--set", "n_steps=10",
+               "--set", "epochs=2", "--run-dir", str(run_dir), "--quiet")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    episodes = [r for r in read_metrics(run_dir) if "episode_return" in r]
+    assert len(episodes) >= 10
+    for r in episodes:
+        adversaries = [r[f"return_adversary_{i}"] for i in range(3)]
+        assert r["return_team_adversary"] == pytest.approx(sum(adversaries) / 3)
+        assert r["return_team_leadadversary"] == pytest.approx(r["return_leadadversary_0"])
+        assert "return_team_agent" in r
+    video = tmp_path / "video"
+    ev = cli("eval", str(run_dir), "--episodes", "2", "--video", str(video))
+    assert ev.returncode == 0, ev.stderr
+    assert "per team: leadadversary " in ev.stdout and ", agent " in ev.stdout
+    result = json.loads((run_dir / "eval.json").read_text())
+    assert set(result["teams"]) == {"leadadversary", "adversary", "agent"}
+    assert all(len(t["returns"]) == 2 for t in result["teams"].values())
+    assert len(list(video.glob("*.mp4"))) == 2
