@@ -25,16 +25,27 @@ pytest.importorskip("mlflow")
 RUN = ["run", "--plugin", "a3c", "--serial", "--quiet", "--wandb", "--mlflow"]
 
 
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """One MLflow store (SQLite) for the module's runs, its tables made once here (MLflow's
+    migrations take seconds); each test's runs go to an experiment of its own."""
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
+    MlflowClient(tracking_uri=uri).search_experiments()
+    return uri
+
+
 @pytest.fixture
-def trackers(tmp_path: Path) -> dict[str, str]:
+def trackers(tmp_path: Path, store: str) -> dict[str, str]:
     """An environment in which W&B keeps its staging, cache and settings under the test's own
-    folder (not the home directory), with an MLflow store there."""
+    folder (not the home directory), and MLflow's store is the module's."""
     home = tmp_path / "wandb-home"
     return {
         "WANDB_DATA_DIR": str(home / "data"),
         "WANDB_CACHE_DIR": str(home / "cache"),
         "WANDB_CONFIG_DIR": str(home / "config"),
-        "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}",
+        "MLFLOW_TRACKING_URI": store,
     }
 
 
@@ -182,7 +193,8 @@ def test_a_failed_run_ends_failed_in_both_trackers(installed, tmp_path, trackers
     run_dir = tmp_path / "run"
     proc = cli(
         "run", "--plugin", "probe", "--serial", "--workers", "1", "--quiet", "--wandb",
-        "--mlflow", "--run-dir", str(run_dir), "--total-steps", "100000",
+        "--mlflow", "--mlflow-experiment", "failed", "--run-dir", str(run_dir),
+        "--total-steps", "100000",
         "--set", "fault=raise", "--set", "fault_at_step=200", env=trackers,
     )  # fmt: skip
     assert proc.returncode == 1, proc.stderr
@@ -211,7 +223,8 @@ def test_a_tracker_that_cannot_start_refuses_the_run_and_takes_back_the_other(
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     run_dir = tmp_path / "run"
     proc = cli(
-        *RUN, "--wandb-mode", "online", "--run-dir", str(run_dir), env=trackers
+        *RUN, "--wandb-mode", "online", "--mlflow-experiment", "refused", "--run-dir",
+        str(run_dir), env=trackers,
     )  # fmt: skip
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.splitlines()[-1].startswith(
@@ -223,7 +236,7 @@ def test_a_tracker_that_cannot_start_refuses_the_run_and_takes_back_the_other(
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=trackers["MLFLOW_TRACKING_URI"])
-    experiment = client.get_experiment_by_name("mprl")
+    experiment = client.get_experiment_by_name("refused")
     assert client.search_runs([experiment.experiment_id]) == []  # none left active
     [deleted] = client.search_runs([experiment.experiment_id], run_view_type=ViewType.ALL)
     assert deleted.info.lifecycle_stage == "deleted"
