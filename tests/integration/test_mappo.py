@@ -84,12 +84,14 @@ def test_rmappo_replays_the_workers_log_probs_and_its_eval_resets_each_agents_st
 
 def test_a_competitive_task_with_unlike_agents_trains_and_evals_each_teams_return(tmp_path):
     """simple_world_comm: the leader has 20 actions, the others 5 (masked); three teams by
-    name (leadadversary, adversary, agent), each one's return logged, evaluated and filmed."""
+    name (leadadversary, adversary, agent), each with its own networks (``groups=names``), each
+    one's return logged, evaluated and filmed."""
     run_dir = tmp_path / "run"
     env = "mpe2:simple_world_comm_v3(max_cycles=10)"
     proc = cli("run", "--plugin", "mappo", "--env", env, "--serial", "--workers", "1",
                "--total-steps", "200", "--set", "envs_per_worker=2", "--set", "n_steps=10",
-               "--set", "epochs=2", "--run-dir", str(run_dir), "--quiet")  # fmt: skip
+               "--set", "epochs=2", "--set", "groups=names", "--run-dir", str(run_dir),
+               "--quiet")  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     episodes = [r for r in read_metrics(run_dir) if "episode_return" in r]
     assert len(episodes) >= 10

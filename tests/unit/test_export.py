@@ -91,6 +91,10 @@ MODELS = {
     "sac": lambda: (sac.algorithm.make_model(FLAT, BOX, sac.SACConfig(hidden=(16, 16))), FLAT),
     "mappo": lambda: agents_model(AGENT_CHOICES),
     "mappo-unlike-actions": lambda: agents_model(UNLIKE_CHOICES),
+    "mappo-groups": lambda: agents_model(UNLIKE_CHOICES, groups="x:c;y:a,b"),
+    "rmappo-lstm-groups": lambda: agents_model(
+        AGENT_CHOICES, groups="x:b;y:c,a", core="lstm", core_size=8
+    ),
     "ippo-box-own-nets": lambda: agents_model(AGENT_BOX, ippo=True, share_params=False),
     "rmappo-lstm": lambda: agents_model(AGENT_CHOICES, core="lstm", core_size=8),
     "rmappo-gru-unlike-actions-own-nets": lambda: agents_model(

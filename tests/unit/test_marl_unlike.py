@@ -11,6 +11,7 @@ import pytest
 import torch
 from mpe2 import simple_world_comm_v3
 
+from mprl.errors import UsageError
 from mprl.host.envs import make_env
 from mprl.lib.marl import AgentBatch, masked_logits
 from mprl.spaces import AgentBox, action_mask, team_of, teams_of
@@ -184,3 +185,83 @@ def test_plot_metrics_agents_and_teams_take_their_own_returns():
     _collect(teams, record, ["teams"], 10, 1.0)
     assert set(agents) == {"return_adversary_0", "return_agent_0"}
     assert set(teams) == {"return_team_adversary"}
+
+
+# groups: a network per group of agents ------------------------------------------------------
+
+WORLD_AGENTS = (
+    "leadadversary_0",
+    "adversary_0",
+    "adversary_1",
+    "adversary_2",
+    "agent_0",
+    "agent_1",
+)
+
+
+def test_groups_are_the_teams_of_the_names_or_named_groups():
+    from mprl_builtin.mappo.groups import model_groups
+
+    assert model_groups("names", True, WORLD_AGENTS) == ((0,), (1, 2, 3), (4, 5))
+    named = "hunters:leadadversary_0,adversary_0,adversary_1,adversary_2;prey:agent_1,agent_0"
+    assert model_groups(named, True, WORLD_AGENTS) == ((0, 1, 2, 3), (5, 4))
+    assert model_groups("", True, WORLD_AGENTS) == ((0, 1, 2, 3, 4, 5),)
+    assert model_groups("", False, WORLD_AGENTS[:2]) == ((0,), (1,))
+
+
+@pytest.mark.parametrize(
+    ("groups", "share", "message"),
+    [
+        ("a:agent_0,agent_9", True, r"group 'a' names agent_9, which the env does not have"),
+        ("a:agent_0;b:agent_0", True, r"agent_0 in two groups \('a' too\)"),
+        ("a:agent_0", True, r"agents leadadversary_0, .* are in no group"),
+        ("names", False, r"set one of them"),
+    ],
+)
+def test_bad_groups_are_refused_naming_the_agents(groups, share, message):
+    from mprl_builtin.mappo.groups import model_groups
+
+    with pytest.raises(UsageError, match=message):
+        model_groups(groups, share, WORLD_AGENTS)
+
+
+@pytest.mark.parametrize("groups", ["a:b", "names;x", "a:x,,y", ":x"])
+def test_a_groups_setting_that_does_not_parse_is_refused_by_the_config(groups):
+    with pytest.raises(ValueError, match=r"give 'names'"):
+        MAPPOConfig(groups=groups + ";" if groups == "a:b" else groups)
+
+
+def _world_space():
+    return AgentBox(WORLD_AGENTS, [4] * 6, gym.spaces.Box(-1.0, 1.0, (8,), np.float32))
+
+
+@pytest.mark.parametrize("core", ["none", "gru"])
+def test_each_group_has_its_networks_and_each_agent_is_run_by_its_groups(core):
+    torch.manual_seed(0)
+    groups = "prey:agent_1,agent_0;hunters:leadadversary_0,adversary_0,adversary_1,adversary_2"
+    cfg = MAPPOConfig(hidden=(8,), core=core, core_size=8, groups=groups)
+    model = make_model(_world_space(), gym.spaces.MultiDiscrete(COUNTS), cfg)
+    assert len(model.actors) == len(model.critics) == 2
+    obs, state = torch.randn(3, 6, 4), torch.randn(3, 8)
+    ids = torch.eye(6).expand(3, 6, 6)
+    net_of = [1, 1, 1, 1, 0, 0]  # the agents' groups' networks
+    if core == "none":
+        out = model._per_agent(model.actors, obs)
+        x = torch.cat([obs, ids], -1)
+        for i, g in enumerate(net_of):
+            torch.testing.assert_close(out[:, i], model.actors[g](x[:, i]))
+    else:
+        h = torch.randn(2, 3, 6, 8)
+        out, _, after = model.step(obs, state, h)
+        x = torch.cat([obs, ids], -1)
+        for i, g in enumerate(net_of):
+            want, want_h = model.actors[g].step(x[:, i], h[:1, :, i])
+            torch.testing.assert_close(masked_logits(want, model.action_mask[i]), out[:, i])
+            torch.testing.assert_close(want_h, after[:1, :, i])
+        # a replay of a sequence gives what stepping gave
+        seq, dones = torch.randn(5, 3, 6, 4), (torch.rand(5, 3) < 0.3).float()
+        states = torch.randn(5, 3, 8)
+        replay = model.unroll(seq, states, h, dones)
+        stepwise = model.unroll_stepwise(seq, states, h, dones)
+        for got, want in zip(replay, stepwise, strict=True):
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)

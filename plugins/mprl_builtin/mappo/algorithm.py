@@ -6,7 +6,8 @@ PPO with GAE per agent and publishes the new weights, as the ppo plugin does for
 The actor sees its agent's own observation (and the agent's one-hot id); the critic sees the
 global state (mappo, ``critic=central``) or the agent's own observation (ippo,
 ``critic=local``). ``share_params`` gives every agent the same actor and critic (the id tells
-them apart) or each agent its own.
+them apart) or each agent its own; ``groups`` gives each group of agents (the teams of their
+names, or named groups) its own (:mod:`mprl_builtin.mappo.groups`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from mprl.lib.recurrent import core_field, core_size_field
 from mprl.lib.sequences import chunk
 from mprl.spaces import AgentBox
 from mprl.transport import RolloutSlots, WeightBroadcast
+from mprl_builtin.mappo.groups import Groups, check_groups, model_groups, run_groups
 from mprl_builtin.mappo.recurrent import RecurrentAgentsModel, hidden_spec
 from mprl_builtin.ppo import gae
 
@@ -99,6 +101,15 @@ class MAPPOConfig:
         default=True,
         metadata=field_help("one actor and critic for all agents (with an agent-id input)"),
     )
+    groups: str = attrs.field(
+        default="",
+        validator=check_groups,
+        metadata=field_help(
+            "an actor and critic per group of agents: 'names' (a group per team of the agents' "
+            "names: adversary_0, adversary_1 -> adversary) or 'group:agent,agent;group:agent'; "
+            "empty: share_params decides"
+        ),
+    )
     value_norm: bool = attrs.field(
         default=True, metadata=field_help("learn values normalised by the returns' running std")
     )
@@ -143,7 +154,10 @@ class AgentsModel(nn.Module):
         self.register_buffer("action_mask", agent_action_mask(act_space), persistent=False)
         self.central = cfg.critic == "central"
         critic_in = (obs_space.state.shape[0] if self.central else features) + self.n_agents
-        copies = 1 if cfg.share_params else self.n_agents
+        groups = model_groups(cfg.groups, cfg.share_params, obs_space.agents)
+        #: each network's agents' rows, where networks serve groups of agents (``groups``)
+        self.groups = groups if cfg.groups and 1 < len(groups) < self.n_agents else None
+        copies = len(groups)
         self.actors = nn.ModuleList(
             mlp(features + self.n_agents, cfg.hidden, n_out, 0.01) for _ in range(copies)
         )
@@ -157,7 +171,7 @@ class AgentsModel(nn.Module):
         ValueNorm.load_old_moments(self, "ret_moments", "value_norm")  # checkpoints before it
 
     def _per_agent(self, nets: nn.ModuleList, x: torch.Tensor) -> torch.Tensor:
-        return per_agent(nets, self.eye, x)
+        return per_agent(nets, self.eye, x, self.groups)
 
     def policy(self, obs: torch.Tensor) -> torch.Tensor:
         """Logits (or Gaussian means) ``[..., A, n]`` of ``obs [..., A, features]``; the
@@ -202,12 +216,17 @@ class AgentsModel(nn.Module):
         return _GreedyAgents(self)
 
 
-def per_agent(nets: nn.ModuleList, eye: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+def per_agent(
+    nets: nn.ModuleList, eye: torch.Tensor, x: torch.Tensor, groups: Groups | None = None
+) -> torch.Tensor:
     """``x [..., A, in]`` with each agent's one-hot id (a row of ``eye``) through each agent's
-    net (or the shared one): ``[..., A, out]``."""
+    net, each group's (``groups``: the rows of each net's agents) or the shared one:
+    ``[..., A, out]``."""
     x = torch.cat([x, eye.expand(*x.shape[:-1], eye.shape[0])], -1)
     if len(nets) == 1:
         return nets[0](x)
+    if groups is not None:
+        return run_groups(nets, groups, x, x.dim() - 2)
     return torch.stack([net(x[..., i, :]) for i, net in enumerate(nets)], -2)
 
 
@@ -218,6 +237,7 @@ class _GreedyAgents(nn.Module):
     def __init__(self, model: AgentsModel) -> None:
         super().__init__()
         self.actors = model.actors
+        self.groups = model.groups
         self.register_buffer("eye", model.eye.detach().clone())
         self.discrete = model.discrete
         mask = model.action_mask
@@ -228,7 +248,7 @@ class _GreedyAgents(nn.Module):
         self.state_shapes: dict[str, tuple[int, ...]] = {}
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        out = per_agent(self.actors, self.eye, obs.float())
+        out = per_agent(self.actors, self.eye, obs.float(), self.groups)
         if self.discrete:
             return masked_logits(out, self.action_mask).argmax(-1)
         return torch.max(torch.min(out, self.high), self.low)

@@ -22,6 +22,7 @@ from mprl.lib.norms import ValueNorm
 from mprl.lib.sequences import Segments
 from mprl.lib.torsos import encoder
 from mprl.spaces import AgentBox
+from mprl_builtin.mappo.groups import Groups, in_order, model_groups, take
 
 __all__ = ["RecurrentAgentsModel", "hidden_spec"]
 
@@ -68,14 +69,24 @@ def hidden_spec(cfg, n_agents: int, steps: int, envs: int) -> dict:
 
 
 def _step_agents(
-    nets: nn.ModuleList, x: torch.Tensor, h: torch.Tensor
+    nets: nn.ModuleList, x: torch.Tensor, h: torch.Tensor, groups: Groups | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One step of every agent's net (or the shared one, over ``B x A`` rows): ``x [B, A, in]``
-    (ids in) from ``h [rows, B, A, size]`` -> ``([B, A, out], next h)``."""
+    """One step of every agent's net (or the shared one, over ``B x A`` rows; or each group's,
+    over ``B x`` its agents' rows): ``x [B, A, in]`` (ids in) from ``h [rows, B, A, size]`` ->
+    ``([B, A, out], next h)``."""
     b, a = x.shape[:2]
     if len(nets) == 1:
         out, h = nets[0].step(x.reshape(b * a, -1), h.reshape(h.shape[0], b * a, -1))
         return out.view(b, a, -1), h.view(h.shape[0], b, a, -1)
+    if groups is not None:
+        outs, hs = [], []
+        for group, net in zip(groups, nets, strict=True):
+            k = len(group)
+            xg, hg = take(x, 1, group), take(h, 2, group)
+            out, hg = net.step(xg.reshape(b * k, -1), hg.reshape(hg.shape[0], b * k, -1))
+            outs.append(out.view(b, k, -1))
+            hs.append(hg.view(hg.shape[0], b, k, -1))
+        return in_order(torch.cat(outs, 1), 1, groups), in_order(torch.cat(hs, 2), 2, groups)
     steps = [net.step(x[:, i], h[:, :, i]) for i, net in enumerate(nets)]
     return torch.stack([o for o, _ in steps], 1), torch.stack([s for _, s in steps], 2)
 
@@ -96,7 +107,10 @@ class RecurrentAgentsModel(nn.Module):
         self.core_kind, self.core_size = cfg.core, cfg.core_size
         self.rows = 2 if cfg.core == "lstm" else 1  # of each network
         critic_in = (obs_space.state.shape[0] if self.central else features) + self.n_agents
-        copies = 1 if cfg.share_params else self.n_agents
+        groups = model_groups(cfg.groups, cfg.share_params, obs_space.agents)
+        #: each network's agents' rows, where networks serve groups of agents (``groups``)
+        self.groups = groups if cfg.groups and 1 < len(groups) < self.n_agents else None
+        copies = len(groups)
         actor_in = features + self.n_agents
         self.actors = nn.ModuleList(
             _RecurrentNet(actor_in, cfg, n_out, 0.01) for _ in range(copies)
@@ -131,7 +145,7 @@ class RecurrentAgentsModel(nn.Module):
         self, nets: nn.ModuleList, x: torch.Tensor, h: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``x [B, A, in]`` (ids in) from ``h [rows, B, A, size]``: ``([B, A, out], next h)``."""
-        return _step_agents(nets, x, h)
+        return _step_agents(nets, x, h, self.groups)
 
     def _unroll(
         self, nets: nn.ModuleList, x: torch.Tensor, h: torch.Tensor, dones: torch.Tensor
@@ -144,6 +158,21 @@ class RecurrentAgentsModel(nn.Module):
                 x.reshape(length, b * a, -1), h.reshape(-1, b * a, h.shape[-1]), pieces
             )
             return out.view(length, b, a, -1), h.view(h.shape[0], b, a, -1)
+        if self.groups is not None:  # each group's net over B x its agents' rows
+            outs, hs = [], []
+            for group, net in zip(self.groups, nets, strict=True):
+                k = len(group)
+                pieces = Segments(dones.repeat_interleave(k, 1), length, b * k)
+                hg = take(h, 2, group)
+                out, hg = net.unroll(
+                    take(x, 2, group).reshape(length, b * k, -1),
+                    hg.reshape(-1, b * k, hg.shape[-1]),
+                    pieces,
+                )
+                outs.append(out.view(length, b, k, -1))
+                hs.append(hg.view(hg.shape[0], b, k, -1))
+            groups = self.groups
+            return in_order(torch.cat(outs, 2), 2, groups), in_order(torch.cat(hs, 2), 2, groups)
         pieces = Segments(dones, length, b)
         runs = [net.unroll(x[:, :, i], h[:, :, i], pieces) for i, net in enumerate(nets)]
         return torch.stack([o for o, _ in runs], 2), torch.stack([s for _, s in runs], 2)
@@ -250,6 +279,7 @@ class _GreedyRecurrentAgents(nn.Module):
     def __init__(self, model: RecurrentAgentsModel) -> None:
         super().__init__()
         self.actors = model.actors
+        self.groups = model.groups
         self.register_buffer("eye", model.eye.detach().clone())
         self.discrete = model.discrete
         mask = model.action_mask
@@ -263,7 +293,7 @@ class _GreedyRecurrentAgents(nn.Module):
     def forward(self, obs: torch.Tensor, *state: torch.Tensor) -> tuple[torch.Tensor, ...]:
         x = obs.float()
         x = torch.cat([x, self.eye.expand(*x.shape[:-1], self.eye.shape[0])], -1)
-        out, h = _step_agents(self.actors, x, torch.stack(state))
+        out, h = _step_agents(self.actors, x, torch.stack(state), self.groups)
         if self.discrete:
             actions = masked_logits(out, self.action_mask).argmax(-1)
         else:
