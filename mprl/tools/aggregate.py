@@ -20,8 +20,8 @@ from mprl.errors import UsageError
 from mprl.tools.report import (
     Run,
     _check_plot,
+    draw_thresholds,
     matplotlib_classes,
-    reward_thresholds,
     rolling_mean,
     shown,
 )
@@ -220,10 +220,7 @@ def build_iqm_figure(runs: Sequence[Run], window: int = 100) -> Any:
             if all(r.evals for r in members):
                 evals = [[(x(e), e[2]) for e in r.evals] for r in members]
                 _band(ax, evals, color, ":", f"{what} (eval)" if label else None)
-    for value, envs in reward_thresholds(runs):
-        label = f"reward threshold {value:g} ({', '.join(envs)})"
-        by_steps.axhline(value, color="0.3", linestyle="--", linewidth=1, label=label)
-        by_wall.axhline(value, color="0.3", linestyle="--", linewidth=1)
+    draw_thresholds(by_steps, by_wall, runs)
     by_steps.set_xlabel("env steps")
     by_wall.set_xlabel("wall time (s)")
     by_steps.set_ylabel(

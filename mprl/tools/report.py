@@ -363,10 +363,7 @@ def build_figure(
                 steps, means, yerr=stds, color=color, label=f"{name} (eval)", **style
             )
             by_wall.errorbar(walls, means, yerr=stds, color=bars.lines[0].get_color(), **style)
-    for value, envs in reward_thresholds(runs):
-        label = f"reward threshold {value:g} ({', '.join(envs)})"
-        by_steps.axhline(value, color="0.3", linestyle="--", linewidth=1, label=label)
-        by_wall.axhline(value, color="0.3", linestyle="--", linewidth=1)
+    draw_thresholds(by_steps, by_wall, runs)
     by_steps.set_xlabel("env steps")
     by_wall.set_xlabel("wall time (s)")
     ylabel = f"mean return of the last {window} episodes"
@@ -418,6 +415,15 @@ def _check_plot(runs: Sequence[Run], labels: Sequence[str] | None, window: int) 
                 f"run {str(run.path)!r} has no episodes in metrics.jsonl yet; nothing to plot "
                 "(leave it out or wait until it has finished a few episodes)"
             )
+
+
+def draw_thresholds(by_steps: Any, by_wall: Any, runs: Sequence[Run]) -> None:
+    """Each reward threshold of the runs' envs as a dashed line on both axes (labelled on the
+    first)."""
+    for value, envs in reward_thresholds(runs):
+        label = f"reward threshold {value:g} ({', '.join(envs)})"
+        by_steps.axhline(value, color="0.3", linestyle="--", linewidth=1, label=label)
+        by_wall.axhline(value, color="0.3", linestyle="--", linewidth=1)
 
 
 def reward_thresholds(runs: Sequence[Run]) -> list[tuple[float, list[str]]]:
