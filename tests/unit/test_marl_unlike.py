@@ -265,3 +265,24 @@ def test_each_group_has_its_networks_and_each_agent_is_run_by_its_groups(core):
         stepwise = model.unroll_stepwise(seq, states, h, dones)
         for got, want in zip(replay, stepwise, strict=True):
             torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+class _UnlikeBoxes:
+    """A parallel env whose two agents' continuous actions differ in shape."""
+
+    possible_agents = ["arm_0", "leg_0"]
+    agents: list = []
+    metadata: dict = {}
+
+    def observation_space(self, agent):
+        return gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+
+    def action_space(self, agent):
+        return gym.spaces.Box(-1.0, 1.0, (2 if agent == "arm_0" else 3,), np.float32)
+
+
+def test_continuous_actions_of_different_shapes_are_still_refused_naming_each():
+    from mprl.lib.marl import AgentEnv
+
+    with pytest.raises(UsageError, match=r"different shapes \(arm_0: \(2,\), leg_0: \(3,\)\)"):
+        AgentEnv(_UnlikeBoxes(), "unlike-boxes")
