@@ -37,6 +37,8 @@ RUNS = {
     "sac": ("sac", "Pendulum-v1",
             {"hidden": [16, 16], "batch_size": 16, "learning_starts": 50, "buffer_size": 400}, 150),
     "mappo": ("mappo", f"{MPE})", {"envs_per_worker": 2, "n_steps": 12, "epochs": 1}, 96),
+    "qmix": ("qmix", f"{MPE})",
+             {"hidden": [16], "batch_size": 8, "learning_starts": 24, "buffer_size": 400}, 96),
     "rmappo-gru-box": ("ippo", f"{MPE}, continuous_actions=True)",
                        {"envs_per_worker": 2, "n_steps": 12, "epochs": 1, "core": "gru",
                         "data_chunk_length": 6, "share_params": False}, 96),
