@@ -249,7 +249,9 @@ class BackendConformance:
         summary = run_job(total_steps=400)
         assert summary.status == "finished" and summary.stop_reason == "total steps reached"
         assert summary.env_steps >= 400 and summary.episodes > 0
-        assert all(steps > 0 for steps in summary.per_worker_steps[:2]), summary
+        # the workers' counts are the run's (one may have spent a budget this small before the
+        # other started: a process sees the budget spent as soon as the run's count reaches it)
+        assert sum(summary.per_worker_steps) == summary.env_steps, summary
         assert summary.exit_code == 0
 
     @pytest.mark.parametrize("who", ["worker:1", "trainer"])

@@ -30,6 +30,7 @@ def _random_team_return(episodes: int) -> float:
     return statistics.fmean(returns)
 
 
+@pytest.mark.timeout(900)  # (the run's own bound: 120k steps took 300 s beside a full suite)
 @pytest.mark.parametrize("core", ["none", "gru"])  # gru: rMAPPO, chunks of 10 steps
 def test_mappo_beats_a_random_team_on_cooperative_navigation(tmp_path, core):
     run_dir = tmp_path / "run"

@@ -46,6 +46,9 @@ def started_cluster(
     env.setenv("RAY_TMPDIR", str(temp))
     env.setenv("PYTHONPATH", os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]))
     env.delenv("RAY_ADDRESS", raising=False)
+    # a ray.init() in this process (a module's own) sets it to Ray's debugger for what this
+    # process starts later: unset again with the module's cluster (empty: Python's default)
+    env.setenv("PYTHONBREAKPOINT", "")
     env.syspath_prepend(str(site))
     head = {"num_cpus": 1, "temp_dir": str(temp / "ray"), "include_dashboard": False}
     if system_config:
