@@ -6,28 +6,12 @@ from __future__ import annotations
 import json
 import statistics
 
-import numpy as np
 import pytest
 
 from tests.conftest import cli, read_metrics
+from tests.slow import random_team_return
 
 ENV = "mpe2:simple_spread_v3(N=3, max_cycles=25)"
-
-
-def _random_team_return(episodes: int) -> float:
-    from mpe2 import simple_spread_v3
-
-    env = simple_spread_v3.parallel_env(N=3, max_cycles=25)
-    rng = np.random.default_rng(0)
-    returns = []
-    for i in range(episodes):
-        env.reset(seed=i)
-        total = 0.0
-        while env.agents:
-            _, rewards, _, _, _ = env.step({a: int(rng.integers(5)) for a in env.agents})
-            total += sum(rewards.values()) / 3
-        returns.append(total)
-    return statistics.fmean(returns)
 
 
 @pytest.mark.timeout(900)  # (the run's own bound: 120k steps took 300 s beside a full suite)
@@ -40,7 +24,7 @@ def test_mappo_beats_a_random_team_on_cooperative_navigation(tmp_path, core):
     assert proc.returncode == 0, proc.stderr
     episodes = [r["episode_return"] for r in read_metrics(run_dir) if "episode_return" in r]
     first, last = statistics.fmean(episodes[:300]), statistics.fmean(episodes[-300:])
-    random = _random_team_return(300)
+    random = random_team_return(3, 300)
     assert abs(first - random) < 3.0, (first, random)  # it starts as a random team does
     assert last > random + 4.0, (first, last, random)
     summary = json.loads((run_dir / "summary.json").read_text())

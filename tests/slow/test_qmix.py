@@ -6,29 +6,12 @@ from __future__ import annotations
 import json
 import statistics
 
-import numpy as np
-
 from tests.conftest import cli, read_metrics
+from tests.slow import random_team_return
 
 ENV = "mpe2:simple_spread_v3(N=2, max_cycles=25)"
 #: the margin over a random team (whose return is about -21, its episodes' spread about 7)
 MARGIN = 4.0
-
-
-def _random_team_return(episodes: int) -> float:
-    from mpe2 import simple_spread_v3
-
-    env = simple_spread_v3.parallel_env(N=2, max_cycles=25)
-    rng = np.random.default_rng(0)
-    returns = []
-    for i in range(episodes):
-        env.reset(seed=i)
-        total = 0.0
-        while env.agents:
-            _, rewards, _, _, _ = env.step({a: int(rng.integers(5)) for a in env.agents})
-            total += sum(rewards.values()) / 2
-        returns.append(total)
-    return statistics.fmean(returns)
 
 
 def test_vdn_beats_a_random_team_on_cooperative_navigation(tmp_path):
@@ -40,7 +23,7 @@ def test_vdn_beats_a_random_team_on_cooperative_navigation(tmp_path):
     assert proc.returncode == 0, proc.stderr
     episodes = [r["episode_return"] for r in read_metrics(run_dir) if "episode_return" in r]
     first, last = statistics.fmean(episodes[:100]), statistics.fmean(episodes[-200:])
-    random = _random_team_return(300)
+    random = random_team_return(2, 300)
     assert abs(first - random) < 3.0, (first, random)  # it starts as a random team does
     assert last > random + MARGIN, (first, last, random)
     summary = json.loads((run_dir / "summary.json").read_text())
