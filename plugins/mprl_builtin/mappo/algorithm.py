@@ -384,16 +384,13 @@ def train(ctx: mprl.Context) -> None:
         ctx.log(**report)
 
 
-def _prepare(
-    cfg: MAPPOConfig, model: AgentsModel, batch: dict[str, torch.Tensor]
-) -> dict[str, torch.Tensor]:
-    """The samples of one iteration, one row per (step, env): advantages and value targets
-    by GAE per agent (an episode's end stops them for all its agents)."""
-    # [T, workers, envs, ...] -> [T, workers x envs, ...]; the slots' versions left out
-    flat = {k: t.flatten(1, 2) for k, t in batch.items() if t.dim() >= 3}
+def _targets(
+    cfg: MAPPOConfig, model: Any, flat: dict[str, torch.Tensor], values: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Advantages by GAE per agent (an episode's end stops them for all its agents) and the
+    value targets ``[T, N, A]``, from the values ``[T + 1, N, A]``; the value normaliser
+    learns the live agents' targets."""
     t_len, n, a = flat["reward"].shape
-    with torch.no_grad():  # [T + 1, N, A]
-        values = model.value_norm.denormalize(model.value(flat["obs"], flat["state"]))
     dones = flat["done"].unsqueeze(-1).expand(t_len, n, a)
     advantages = gae(
         flat["reward"].reshape(t_len, -1), dones.reshape(t_len, -1), values.reshape(t_len + 1, -1),
@@ -403,6 +400,19 @@ def _prepare(
     alive = flat["alive"] > 0
     if cfg.value_norm and alive.any():
         model.value_norm.update(returns[alive])
+    return advantages, returns
+
+
+def _prepare(
+    cfg: MAPPOConfig, model: AgentsModel, batch: dict[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """The samples of one iteration, one row per (step, env): advantages and value targets
+    by GAE per agent (an episode's end stops them for all its agents)."""
+    # [T, workers, envs, ...] -> [T, workers x envs, ...]; the slots' versions left out
+    flat = {k: t.flatten(1, 2) for k, t in batch.items() if t.dim() >= 3}
+    with torch.no_grad():  # [T + 1, N, A]
+        values = model.value_norm.denormalize(model.value(flat["obs"], flat["state"]))
+    advantages, returns = _targets(cfg, model, flat, values)
     rows = {
         "obs": flat["obs"][:-1], "state": flat["state"][:-1], "action": flat["action"],
         "logp": flat["logp"], "advantage": advantages, "return": returns,
@@ -422,19 +432,11 @@ def _chunks(
     hidden = batch["hidden"]  # [C, workers, k, envs, A, size]
     hidden = hidden.permute(2, 0, 1, 3, 4, 5).flatten(1, 3)  # [k, C x N, A, size]
     flat = {k: t.flatten(1, 2) for k, t in batch.items() if t.dim() >= 3 and k != "hidden"}
-    t_len, n, a = flat["reward"].shape
+    n = flat["reward"].shape[1]
     with torch.no_grad():  # [T + 1, N, A], from the state at the rollouts' start (chunk 0)
         _, values, _ = model.unroll(flat["obs"], flat["state"], hidden[:, :n], flat["done"])
         values = model.value_norm.denormalize(values)
-    dones = flat["done"].unsqueeze(-1).expand(t_len, n, a)
-    advantages = gae(
-        flat["reward"].reshape(t_len, -1), dones.reshape(t_len, -1), values.reshape(t_len + 1, -1),
-        cfg.gamma, cfg.gae_lambda,
-    ).view(t_len, n, a)  # fmt: skip
-    returns = advantages + values[:-1]
-    alive = flat["alive"] > 0
-    if cfg.value_norm and alive.any():
-        model.value_norm.update(returns[alive])
+    advantages, returns = _targets(cfg, model, flat, values)
     rows = {
         "obs": flat["obs"][:-1], "state": flat["state"][:-1], "action": flat["action"],
         "logp": flat["logp"], "advantage": advantages, "return": returns,
