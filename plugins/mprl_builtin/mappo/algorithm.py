@@ -35,7 +35,7 @@ from mprl.lib.sequences import chunk
 from mprl.spaces import AgentBox
 from mprl.transport import RolloutSlots, WeightBroadcast
 from mprl_builtin.mappo.groups import Groups, check_groups, model_groups, run_groups
-from mprl_builtin.mappo.recurrent import RecurrentAgentsModel, hidden_spec
+from mprl_builtin.mappo.recurrent import GreedyAgents, RecurrentAgentsModel, hidden_spec
 from mprl_builtin.ppo import gae
 
 LOG_EVERY_S = 2.0  # how often the learner reports losses and rates
@@ -230,22 +230,9 @@ def per_agent(
     return torch.stack([net(x[..., i, :]) for i, net in enumerate(nets)], -2)
 
 
-class _GreedyAgents(nn.Module):
+class _GreedyAgents(GreedyAgents):
     """Every agent's most likely action: the argmax of its logits, or its Gaussian's mean
     clipped to the bounds."""
-
-    def __init__(self, model: AgentsModel) -> None:
-        super().__init__()
-        self.actors = model.actors
-        self.groups = model.groups
-        self.register_buffer("eye", model.eye.detach().clone())
-        self.discrete = model.discrete
-        mask = model.action_mask
-        self.register_buffer("action_mask", None if mask is None else mask.detach().clone())
-        if not self.discrete:
-            self.register_buffer("low", model.low.detach().clone())
-            self.register_buffer("high", model.high.detach().clone())
-        self.state_shapes: dict[str, tuple[int, ...]] = {}
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         out = per_agent(self.actors, self.eye, obs.float(), self.groups)

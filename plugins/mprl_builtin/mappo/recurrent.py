@@ -273,10 +273,11 @@ class RecurrentAgentsModel(nn.Module):
         return _GreedyRecurrentAgents(self)
 
 
-class _GreedyRecurrentAgents(nn.Module):
-    """Every agent's most likely action, its actor's state passed in and out."""
+class GreedyAgents(nn.Module):
+    """What a greedy export of an agents' model holds: its actors (shared), and copies of the
+    agent ids, the action mask or the bounds. Its ``forward`` is the model kind's."""
 
-    def __init__(self, model: RecurrentAgentsModel) -> None:
+    def __init__(self, model: nn.Module) -> None:
         super().__init__()
         self.actors = model.actors
         self.groups = model.groups
@@ -287,6 +288,14 @@ class _GreedyRecurrentAgents(nn.Module):
         if not self.discrete:
             self.register_buffer("low", model.low.detach().clone())
             self.register_buffer("high", model.high.detach().clone())
+        self.state_shapes: dict[str, tuple[int, ...]] = {}
+
+
+class _GreedyRecurrentAgents(GreedyAgents):
+    """Every agent's most likely action, its actor's state passed in and out."""
+
+    def __init__(self, model: RecurrentAgentsModel) -> None:
+        super().__init__(model)
         names = ("h", "c") if model.core_kind == "lstm" else ("h",)
         self.state_shapes = {name: (model.n_agents, model.core_size) for name in names}
 
