@@ -239,18 +239,18 @@ class ChildChannel:
     :attr:`stopping` and the others' steps (:meth:`counted`: ``env_steps()`` counts from
     them).
 
-    :param budget: the run's env-step budget and how many workers count steps towards it: a
-        child that may have reached it, were every worker as fast as it is, waits for the run's
-        count before it goes on (see :meth:`add_steps`).
+    A driver that counts by polls and has an env-step budget (``--total-steps``) grants each
+    worker the steps it may take (:meth:`counted`'s ``limit``, in the child's own steps); a
+    worker at its grant waits for the next one (or the stop) in :meth:`add_steps`, so that the
+    workers together go past the budget by at most one rollout each.
     """
 
-    def __init__(self, budget: tuple[int, int] | None = None) -> None:
+    def __init__(self) -> None:
         self.stopping = False
         self.steps = 0
         self.total = 0  # the run's env steps at the driver's last poll
         self.steps_at_total = 0  # this actor's steps then
-        self.polls = 0  # the counts taken from the driver
-        self.budget = budget
+        self.limit: int | None = None  # the steps it may reach (None: no bound)
         self.last_beat = 0.0  # time.monotonic(); negative while in start-up work
         self.records: list[dict[str, Any]] = []
         self._lock = threading.Lock()
@@ -268,28 +268,21 @@ class ChildChannel:
         return self.should_stop(slot)
 
     def add_steps(self, slot: int, n: int) -> None:
-        """Count ``n`` steps. The others' steps since the driver's last count are unknown, so a
-        child that may have reached the budget (were every worker as fast as it is), or has no
-        count yet, waits for the next count, at most :data:`BUDGET_WAIT_S`, rather than go on
-        past it: :meth:`mprl.Context.should_stop` then sees the run's count."""
+        """Count ``n`` steps; at the driver's grant, wait for the next grant or the stop (no
+        time bound: the driver grants every tick while the run lives, and a bound would be an
+        overshoot whenever the driver is slower than it, as on a loaded machine)."""
         self.steps += n
         self.beat(slot)
-        if self.budget is None:
-            return
-        budget, workers = self.budget
-        polls, lower = self.polls, self.env_steps()
-        upper = lower + (self.steps - self.steps_at_total) * (workers - 1)
-        if polls > 0 and (lower >= budget or upper < budget):  # (no count yet: wait for one)
-            return
-        deadline = time.monotonic() + BUDGET_WAIT_S
-        while self.polls == polls and not self.stopping and time.monotonic() < deadline:
+        while self.limit is not None and self.steps >= self.limit and not self.stopping:
             time.sleep(0.005)
             self.beat(slot)
 
-    def counted(self, others: int) -> None:
-        """The env steps of the run's other processes as the driver last counted them."""
+    def counted(self, others: int, limit: int | None = None) -> None:
+        """The env steps of the run's other processes as the driver last counted them, and
+        (a budgeted worker) the steps this child may reach before it waits again."""
         self.total, self.steps_at_total = others + self.steps, self.steps
-        self.polls += 1
+        if limit is not None:
+            self.limit = limit
 
     def env_steps(self) -> int:
         return self.total + self.steps - self.steps_at_total

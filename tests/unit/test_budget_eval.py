@@ -366,39 +366,112 @@ def test_solved_on_says_what_solved_the_run_across_sessions():
     assert _solved_on({"env_steps": 5, "eval_return_mean": 500.0}, "training") == "eval"
 
 
-def test_a_child_near_the_step_budget_waits_for_the_runs_count(monkeypatch):
-    # a child that reports through calls (a Ray actor) knows the others' steps as of the
-    # driver's last count: near the budget it waits for the next one instead of going on
+def test_a_worker_at_its_grant_waits_for_the_next_one_or_the_stop():
+    # a child that reports through calls (a Ray actor) takes the steps its driver granted and
+    # then waits for the next grant instead of going on past the run's budget
     import threading
 
-    from mprl.backends import child
+    from mprl.backends.child import ChildChannel
 
-    monkeypatch.setattr(child, "BUDGET_WAIT_S", 60.0)  # only the count ends a wait here
-    channel = child.ChildChannel(budget=(1000, 2))
-    channel.counted(0)
-    channel.add_steps(0, 400)  # 400 counted, 800 were the other as fast: goes on
+    channel = ChildChannel()
+    channel.limit = 0  # budgeted, nothing granted yet
+    channel.counted(0, limit=500)
+    channel.add_steps(0, 400)  # below its grant: goes on
     assert channel.env_steps() == 400
     entered, left = threading.Event(), threading.Event()
 
-    def rollout() -> None:
+    def rollout(n: int) -> None:
         entered.set()
-        channel.add_steps(0, 100)  # 500 counted, 1,000 maybe: it waits for a count
+        channel.add_steps(0, n)
         left.set()
 
-    thread = threading.Thread(target=rollout)
+    thread = threading.Thread(target=rollout, args=(200,))  # 600: past its grant of 500
+    thread.start()
+    entered.wait(10)
+    assert not left.wait(0.3)
+    channel.counted(300)  # a count without a grant (the driver's others) does not free it
+    assert not left.wait(0.2)
+    channel.counted(300, limit=700)
+    assert left.wait(10)
+    thread.join()
+    assert channel.env_steps() == 900
+    # at its grant again: the stop ends the wait as well
+    entered.clear(), left.clear()
+    thread = threading.Thread(target=rollout, args=(100,))
     thread.start()
     entered.wait(10)
     assert not left.wait(0.2)
-    channel.counted(600)  # the other worker's steps, as the driver counted them
+    channel.stopping = True
     assert left.wait(10)
     thread.join()
-    assert channel.env_steps() == 1100  # the budget is spent: should_stop() says so
-    channel.add_steps(0, 100)  # past it: no wait
-    # without a count yet a child waits for one, at most BUDGET_WAIT_S
-    monkeypatch.setattr(child, "BUDGET_WAIT_S", 0.05)
-    fresh = child.ChildChannel(budget=(1000, 2))
-    fresh.add_steps(0, 1)
-    assert fresh.polls == 0 and fresh.env_steps() == 1
+    # no budget (limit None): never waits
+    free = ChildChannel()
+    free.add_steps(0, 10**9)
+    assert free.steps == 10**9
+
+
+def test_the_ray_drivers_grants_keep_the_workers_within_a_rollout_each_of_the_budget(
+    monkeypatch,
+):
+    # the driver's grants, polled a tick at a time, with workers of unlike speeds that count
+    # whole rollouts: the run ends at its budget plus at most a rollout per worker, and a fast
+    # worker is not held back far from the budget
+    import types
+
+    from mprl.backends.base import Role
+    from mprl.backends.ray import backend
+    from mprl.backends.ray.backend import _Actor, _RaySupervisor
+
+    clock = [0.0]
+    monkeypatch.setattr(backend, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))
+
+    def run(total: int, speeds: list[int], burst: int) -> tuple[int, int]:
+        """The run's steps at its end, and the ticks it took."""
+        actors = {}
+        for slot, _ in enumerate(speeds):
+            a = _Actor.__new__(_Actor)
+            a.role, a.actor, a._ended = Role(kind="worker", rank=slot, slot=slot), object(), None
+            a.steps, a.limit, a.committed, a.first, a.answered_at = 0, None, 0, 0.0, 0.0
+            actors[slot] = a
+        trainer = _Actor.__new__(_Actor)
+        trainer.role, trainer.actor, trainer._ended = Role(kind="trainer", rank=-1, slot=9), 1, None
+        trainer.steps, trainer.limit, trainer.committed, trainer.first = 0, None, 0, 0.0
+        trainer.answered_at = 0.0
+        actors[9] = trainer
+        sup = types.SimpleNamespace(
+            job=types.SimpleNamespace(run=types.SimpleNamespace(total_steps=total)),
+            base=[0] * 10, actors=actors,
+            steps=lambda: [a.steps for a in actors.values()],
+        )  # fmt: skip
+        true = [0] * len(speeds)
+        limits = [0] * len(speeds)
+        for tick in range(1, 10_000):
+            clock[0] += 0.25
+            if sum(true) >= total:
+                return sum(true), tick
+            for slot, speed in enumerate(speeds):  # a tick of work: whole rollouts
+                for _ in range(speed):
+                    if true[slot] >= limits[slot]:
+                        break
+                    true[slot] += burst
+            for slot, a in actors.items():  # the polls: grant, then the answer
+                if slot == 9:
+                    continue
+                limits[slot] = _RaySupervisor.grant(sup, a)
+                a.steps, a.answered_at = true[slot], clock[0]
+                a.committed = max(a.limit, a.steps)
+                if not a.steps:
+                    a.first = clock[0]
+        raise AssertionError("the run never reached its budget")
+
+    for total, speeds, burst in [(30_000, [25, 25], 500), (30_000, [40, 3, 1], 500),
+                                 (1_000_000, [100, 7], 200), (5_000, [1, 1, 1, 1], 1_000)]:  # fmt: skip
+        steps, ticks = run(total, speeds, burst)
+        assert total <= steps <= total + burst * len(speeds), (total, speeds, steps)
+        # the waits for grants cost about a second (ticks of 0.25 s: the first grant, the rates
+        # not known yet, the last steps split), whatever the length of the run
+        ideal = total / burst / sum(speeds)
+        assert ticks <= ideal + 6, (total, speeds, ticks, ideal)
 
 
 def test_should_stop_is_true_once_the_runs_count_reaches_the_budget():

@@ -84,11 +84,8 @@ class ChildActor:
             endpoint.flush()  # its last counter adds and replay rows
 
         mark("child-main", source=ctx.source)
-        if ctx.run.total_steps is not None and ctx.role == "worker":
-            self.channel.budget = (ctx.run.total_steps, ctx.n_workers)
-            # a count sent before its start is stale (the next one may be too: sent before,
-            # answered after): it waits for the one after
-            self.channel.polls = -1
+        if ctx.run.total_steps is not None and ctx.role == "worker" and self.channel.limit is None:
+            self.channel.limit = 0  # a budgeted worker: its steps wait for the driver's grant
         ctx = attrs.evolve(ctx, channel=self.channel)
         ended = run_child(fn_then_flush, ctx, threads=threads, on_ready=self._ready)
         return {"code": ended.code, "traceback": ended.traceback}
@@ -100,6 +97,7 @@ class ChildActor:
         self,
         stop: bool,
         others: int,
+        limit: int | None,
         share_model: bool = False,
         model: list[Any] | None = None,
         info: dict[str, Any] | None = None,
@@ -109,13 +107,14 @@ class ChildActor:
         ``ctx.model`` (the answer's ``model``: a reference, which the driver passes on without
         reading it); ``model`` is such a reference, copied into this worker's ``ctx.model``;
         ``info`` refreshes this process's cache of the transport hub's versions and totals,
-        and the answer carries the hub's own when this actor hosts it."""
+        and the answer carries the hub's own when this actor hosts it. ``limit``: the steps a
+        budgeted worker may reach before it waits for the next poll."""
         if self.endpoint is not None:
             self.endpoint.note(info)
         channel = self.channel
         if stop:
             channel.stopping = True
-        channel.counted(others)
+        channel.counted(others, limit)
         ctx = self.ctx
         out: dict[str, Any] = {"steps": channel.steps, "records": channel.take()}
         beat = channel.last_beat

@@ -24,6 +24,7 @@ stop sequence) is :class:`mprl.backends.supervisor.Supervisor`'s.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import secrets
 import time
@@ -47,6 +48,9 @@ INSTALL = cluster.INSTALL
 #: seconds between the train process's model shares with workers that act with ``ctx.model``
 #: (a plugin without a ``Weights`` field)
 MODEL_SHARE_S = 1.0
+#: seconds of its own work (at its rate so far) a worker is granted at most on a run with an
+#: env-step budget: polls come every tick, so it never waits for one far from the budget
+GRANT_AHEAD_S = 1.0
 #: Ray's own processes on a machine it runs on (GCS, raylet, agents), counted as children
 RAY_PROCESSES = 3
 #: the longest one answer from an actor (a poll, the final state) is awaited
@@ -192,7 +196,31 @@ class _Actor:
         self.silent: float | None = None  # its heartbeat's age at the last answer
         self.starting = True  # in start-up work at the last answer
         self.model_sent = -1  # the generation of the train process's model it was last sent
+        self.limit: int | None = None  # the steps it was last granted (a budgeted worker)
+        self.committed = 0  # the most steps it may reach on the grants it has been sent
+        self.first = self.started_at  # its last answer before it took a step
+        self.answered_at = 0.0  # when its last answer came
         self._ended: Status | None = None
+
+    def live(self) -> bool:
+        return self.actor is not None and self._ended is None
+
+    def rate(self) -> float:
+        """Its env steps a second since it started taking them (0: not known yet)."""
+        if self.steps == 0:
+            return 0.0
+        return self.steps / max(self.answered_at - self.first, 1e-6)
+
+    def bound(self) -> int:
+        """The most steps it may reach: what it was granted, while it runs."""
+        return max(self.committed, self.steps) if self.live() else self.steps
+
+    def position(self, now: float) -> int:
+        """Its steps by ``now``, as far as its rate tells (within what it may reach)."""
+        if not self.live() or self.role.kind == "trainer":
+            return self.steps
+        guess = self.steps + int(self.rate() * (now - self.answered_at))
+        return min(guess, self.bound())
 
     @property
     def hosts_hub(self) -> bool:
@@ -435,12 +463,42 @@ class _RaySupervisor(Supervisor):
             model, actor.model_sent = self.model_ref, self.model_gen
         info = None if trainer else self.hub_info
         others = sum(self.steps()) - actor.steps  # the run's steps but this actor's
+        limit = self.grant(actor)
         actor.poll_ref = actor.actor.poll.remote(
-            self.stopping, others, share and trainer, model, info
+            self.stopping, others, limit, share and trainer, model, info
         )
         actor.poll_sent = time.monotonic()
         if share and trainer:
             self.last_sync = actor.poll_sent
+
+    def grant(self, actor: _Actor) -> int | None:
+        """The steps a worker may reach before it waits for its next poll, when the run has an
+        env-step budget (``None``: no bound). The grants and the others' steps never add up
+        past the budget, so the workers go past it by at most one rollout each. Within that, a
+        worker gets the share of the steps left that its rate is of the workers' (an equal
+        share before the rates are known), at most :data:`GRANT_AHEAD_S` of its own work,
+        counted from where it is by now at its rate."""
+        total = self.job.run.total_steps
+        if total is None or actor.role.kind == "trainer":
+            return None
+        now = time.monotonic()
+        others = [a for a in self.actors.values() if a is not actor]
+        cap = total - sum(self.base) - sum(a.bound() for a in others)
+        if cap <= actor.steps:
+            actor.limit = actor.steps
+        else:
+            left = total - sum(self.base) - sum(a.position(now) for a in self.actors.values())
+            workers = [a for a in self.actors.values() if a.role.kind != "trainer" and a.live()]
+            rates = [a.rate() for a in workers]
+            rate = actor.rate()
+            if rate > 0 and all(r > 0 for r in rates):
+                share = min(left * rate / sum(rates), rate * GRANT_AHEAD_S)
+            else:
+                share = left / max(1, len(workers))
+            want = actor.position(now) + math.ceil(max(0.0, share))
+            actor.limit = min(cap, max(actor.steps + 1, want))
+        actor.committed = max(actor.committed, actor.limit)
+        return actor.limit
 
     def stop_waits(self) -> None:
         """The workers waiting in the hub see the stop flag at once."""
@@ -486,6 +544,11 @@ class _RaySupervisor(Supervisor):
             )
         actor.answered = True
         actor.steps = out["steps"]
+        if actor.limit is not None:  # its grant is known to have arrived: it goes no further
+            actor.committed = max(actor.limit, actor.steps)
+        actor.answered_at = time.monotonic()
+        if actor.steps == 0:  # its rate counts from its last answer before its first steps
+            actor.first = actor.answered_at
         actor.silent, actor.starting = out["silent"], out["starting"]
         if out["records"]:
             self.monitor.on_records(out["records"])

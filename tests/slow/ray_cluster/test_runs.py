@@ -176,15 +176,16 @@ def test_dqn_replay_counter_and_target_across_nodes_then_resumed_locally(cluster
     assert int(shared["replay"]["heads"].sum()) == sum(saved["steps"]) > 0  # a row per step
     assert shared["updates"] > 0 and shared["weights"]["version"] == shared["updates"]
     assert set(shared["target"]) == set(saved["model"])  # the learner's target network
-    # 4,000 steps on: docs-dqn declares no replay ratio, so the workers do not wait for the
-    # learner; with 1,000 they sometimes got there before the local learner's first update
-    total = sum(saved["steps"]) + 4000
+    total = sum(saved["steps"]) + 1000
     again = cli("run", "--resume", str(run_dir), "--backend", "local", *small,
                 "--total-steps", str(total))  # fmt: skip
     assert again.returncode == 0, again.stderr
     after = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
     assert int(after["shared_state"]["replay"]["heads"].sum()) == sum(after["steps"]) >= total
-    assert after["shared_state"]["updates"] > shared["updates"]
+    # the counter goes on from the checkpoint's (the local learner may not update at all:
+    # docs-dqn declares no replay ratio, so its workers do not wait for the learner, and
+    # 4,000 steps were once done before its first update)
+    assert after["shared_state"]["updates"] >= shared["updates"]
 
 
 def test_sac_resumed_on_ray_with_3_workers_then_locally_with_1_keeps_its_replay_rows(
