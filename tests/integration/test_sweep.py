@@ -9,6 +9,8 @@ import signal
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import cli, end, own_group, read_metrics, wait_until
 
 TINY = ["--plugin", "a3c", "--workers", "1"]
@@ -52,20 +54,25 @@ def test_a_grid_sweep_end_to_end(tmp_path):
     assert again.returncode == 0 and "(run " not in again.stderr
 
 
+@pytest.mark.usefixtures("installed")
 def test_a_sweep_stopped_with_sigint_resumes_where_it_was(tmp_path):
     root = tmp_path / "sw"
-    # runs long enough to be stopped in the middle: the second is stopped once it has logged an
-    # episode (a 500-step run was over before a fixed pause after its start ended)
-    args = ["sweep", *TINY, "--total-steps", "20000", "--grid", "lr=1e-3,3e-4", "--seeds", "1", "--parallel", "1",
-            "--sweep-dir", str(root)]  # fmt: skip
+    # the test plugin's probe: the first config is over at once, the second takes 6 s of
+    # sleeps (not of CPU, so a loaded machine does not shorten the window); it is stopped
+    # once its worker has logged its start
+    args = ["sweep", "--plugin", "probe", "--workers", "1", "--backend", "serial",
+            "--total-steps", "600", "--grid", "step_sleep=0,0.01", "--seeds", "1",
+            "--parallel", "1", "--sweep-dir", str(root)]  # fmt: skip
     proc = subprocess.Popen([sys.executable, "-m", "mprl", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, **own_group())  # fmt: skip
-    first, second = root / "trials" / "lr=1e-3-seed0", root / "trials" / "lr=3e-4-seed0"
+    first, second = (
+        root / "trials" / "step_sleep=0-seed0",
+        root / "trials" / "step_sleep=0.01-seed0",
+    )
     try:
-        # (bounds for a loaded machine: 15 s alone, 117 s once in the full suite)
         wait_until(lambda: (first / "summary.json").exists(), "the first run's summary", 150)
-        wait_until(lambda: any("episode_return" in r for r in read_metrics(second))
-                   or proc.poll() is not None, "the second run's first episode", 150)  # fmt: skip
+        wait_until(lambda: any("started" in r for r in read_metrics(second))
+                   or proc.poll() is not None, "the second run's start", 150)  # fmt: skip
         proc.send_signal(signal.SIGINT)
         err = proc.communicate(timeout=60)[1]
     finally:
@@ -83,7 +90,9 @@ def test_a_sweep_stopped_with_sigint_resumes_where_it_was(tmp_path):
     assert "1 run at a time" in resumed.stderr  # --parallel as given
     assert "resuming: 1 configs done, 1 to run again" in resumed.stderr
     progress = [line for line in resumed.stderr.splitlines() if line.startswith("mprl sweep: [")]
-    assert len(progress) == 1 and progress[0].startswith("mprl sweep: [2/2] lr=3e-4 seed 0: ")
+    assert len(progress) == 1 and progress[0].startswith(
+        "mprl sweep: [2/2] step_sleep=0.01 seed 0: "
+    )
     assert summary(second)["status"] == "finished"
     rows = json.loads((root / "results.json").read_text())["rows"]
-    assert sorted(r["key"] for r in rows) == ["lr=1e-3", "lr=3e-4"]
+    assert sorted(r["key"] for r in rows) == ["step_sleep=0", "step_sleep=0.01"]
