@@ -31,9 +31,6 @@ from mprl.files import open_new
 
 #: how often a learner on a GPU copies its optimizer state back to the shared (checkpointed) one
 OPTIMIZER_SYNC_S = 2.0
-#: the longest a child near the run's env-step budget waits for the run's count
-#: (:meth:`ChildChannel.add_steps`)
-BUDGET_WAIT_S = 1.0
 
 
 @attrs.frozen
