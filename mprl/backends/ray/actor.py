@@ -93,6 +93,10 @@ class ChildActor:
     def _ready(self, ctx: Context, trained: Trained) -> None:
         self.ctx, self.trained = ctx, trained
 
+    def stop(self) -> None:
+        """The stop flag, at once (the driver's poll carries it too)."""
+        self.channel.stopping = True
+
     def poll(
         self,
         stop: bool,

@@ -274,6 +274,8 @@ class _Actor:
         self.run.stopping = True  # every poll from now on carries the stop flag
         if self.actor is not None and self.poll_ref is None:
             self.run.send_poll(self)
+        elif self.actor is not None:  # a poll in flight may answer late (a loaded machine),
+            self.actor.stop.remote()  # and a worker at its grant waits for the flag: now
         self.run.stop_waits()
 
     def kill(self, stack: bool = False) -> str:

@@ -37,8 +37,7 @@ def test_impala_spreads_workers_over_nodes_and_resumes_on_the_local_backend(clus
     saved = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
     assert saved["shared_state"]["weights"]["version"] > 0  # the learner published updates
     assert saved["steps"][:2] == summary["per_worker_steps"][:2]
-    # the driver read the learner's state once, for the final checkpoint (no checkpoint before)
-    assert _fetches(read_metrics(run_dir)) == 1
+    _fetched_at_the_end(run_dir, 4000)  # no checkpoint before
     # the train process's model reached the driver: the checkpoint is not the initial model
     # (a local impala iteration can take thousands of steps: a budget past the Ray run's own)
     more = str(summary["env_steps"] + 4000)
@@ -89,18 +88,24 @@ def test_ppo_from_the_local_backend_resumes_on_ray(cluster, tmp_path):
     version = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["shared_state"]
     # (a worker stops at the budget after the rollout it is in: 2,048)
     target = json.loads((run_dir / "summary.json").read_text())["env_steps"] + 2000
-    again = run_ray(cluster, "--resume", str(run_dir), *WORKER, "--total-steps", str(target))
+    # (no periodic checkpoint: on a loaded machine the run can outlast its 60 s, and each
+    # checkpoint fetches the learner's state)
+    again = run_ray(cluster, "--resume", str(run_dir), *WORKER, "--total-steps", str(target),
+                    "--checkpoint-every", "0")  # fmt: skip
     assert again.returncode == 0, again.stderr
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["env_steps"] >= target
     last = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["shared_state"]
     assert last["weights"]["version"] > version["weights"]["version"]  # ppo learned on Ray
-    assert _fetches(read_metrics(run_dir)) == 1  # the final checkpoint's
+    _fetched_at_the_end(run_dir, target)
 
 
-def _fetches(records: list[dict[str, Any]]) -> int:
-    """How often the driver fetched the train process's state (``learner-state`` records)."""
-    return sum(r.get("event") == "learner-state" for r in records)
+def _fetched_at_the_end(run_dir: Path, budget: int) -> None:
+    """The driver read the train process's state (``learner-state`` records) only at the
+    end: for the final checkpoint, and once more where the train process was still running
+    then (a loaded machine's workers can outlast their stop grace), never during the run."""
+    fetches = [r for r in read_metrics(run_dir) if r.get("event") == "learner-state"]
+    assert 1 <= len(fetches) <= 2 and all(r["step"] >= budget for r in fetches), fetches
 
 
 def _checkpoint_of(path: Path) -> dict[str, Any] | None:
