@@ -5,6 +5,7 @@
 table, staggered start, restarts, hang detection, stop sequence); ``child`` the one child
 runtime that runs a plugin's function on every backend (threads, seed, GPU learner, heartbeat,
 crash report); ``processes`` what backends of operating-system processes share (child start-up,
-the Manager server); ``restart`` the restart policy; ``tensors`` the shared state built from
-tensors in this machine's memory. Each backend is a folder and a built-in plugin (``local``:
-spawned processes; ``serial``: one process, taking turns; ``ray``: Ray actors)."""
+the Manager server); ``inprocess`` Manager objects in the main process; ``restart`` the restart
+policy. The core's backends are folders here, each a plugin the core registers (``local``:
+spawned processes; ``serial``: one process, taking turns); Ray's, an optional extra, is the
+built-in plugin ``mprl_builtin.ray``, on the same seam a third-party backend uses."""

@@ -37,12 +37,11 @@ NO_AUTOLOAD_ENV = "MPRL_DISABLE_PLUGIN_AUTOLOAD"
 TRACE_ENV = "MPRL_TRACE"
 
 #: the core's own plugins, registered by module name before the entry points: the env room
-#: (gymnasium's environments, Atari, MuJoCo, PettingZoo, EnvPool) and the built-in backends
+#: (gymnasium's environments, Atari, MuJoCo, PettingZoo, EnvPool) and the core's two backends
 DEFAULT_PLUGINS = (
     "mprl.environments",
     "mprl.backends.local",
     "mprl.backends.serial",
-    "mprl.backends.ray",
 )
 
 

@@ -56,7 +56,6 @@ from mprl.schema import Dims, Schema, SharedState
 from mprl.testing.backend import BackendConformance
 from mprl.testing.transport import (
     HubInProcess,
-    HubOverRay,
     InProcess,
     Placement,
     SharedMemory,
@@ -71,7 +70,6 @@ __all__ = [
     "HookCall",
     "HookRecorder",
     "HubInProcess",
-    "HubOverRay",
     "InProcess",
     "Placement",
     "SerialResult",

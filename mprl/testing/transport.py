@@ -12,10 +12,10 @@ the shape of fsspec's abstract tests::
             return SharedMemory()
 
 mprl runs it over each of its own: :class:`SharedMemory` (the local backend),
-:class:`InProcess` (the serial backend, :mod:`mprl.testing`), :class:`HubInProcess` (a hub
-reached by calls, or mapped by the processes of its machine) and :class:`HubOverRay` (a hub in a
-Ray actor). The processes of a run are threads of the test, each with its own view of the state
-(its own endpoint on a hub), as each process of a run has.
+:class:`InProcess` (the serial backend, :mod:`mprl.testing`) and :class:`HubInProcess` (a hub
+reached by calls, or mapped by the processes of its machine); the Ray backend's tests run it
+on a hub in a Ray actor. The processes of a run are threads of the test, each with its own view
+of the state (its own endpoint on a hub), as each process of a run has.
 """
 
 from __future__ import annotations
@@ -159,36 +159,6 @@ class HubInProcess(_HubPlacement):
 
     def stopping(self) -> None:
         self.hub.stop_waits()
-
-
-class HubOverRay(_HubPlacement):
-    """A hub in a Ray actor (Ray joined by the caller), every process of the test calling it
-    (no process maps its memory: each is another machine, as far as it knows)."""
-
-    def __init__(self) -> None:
-        import ray
-
-        from mprl.backends.ray.actor import ChildActor
-
-        self.actor = ray.remote(ChildActor).options(max_concurrency=32).remote(b"contract")
-
-    def link(self) -> Any:
-        from mprl.transport.raylink import RayLink
-
-        return RayLink(self.actor)
-
-    def local(self) -> Endpoint:
-        return Endpoint(self.link())  # the learner calls too
-
-    def stopping(self) -> None:
-        import ray
-
-        ray.get(self.actor.hub_call.remote("stop_waits"), timeout=PATIENCE_S)
-
-    def close(self) -> None:
-        import ray
-
-        ray.kill(self.actor, no_restart=True)
 
 
 class _Run:

@@ -8,7 +8,7 @@ per process, attached to the fields it was sent (:func:`connect`); nothing is ke
 level.
 
 Calls go through a :class:`Link`: :class:`Direct` for a hub in the same process (the learner's
-own, tests), :class:`mprl.transport.raylink.RayLink` for an actor's. A worker's rollout commit is
+own, tests), :class:`mprl_builtin.ray.link.RayLink` for an actor's. A worker's rollout commit is
 one call, whose answer (its rank's free slots, newer weights, the hub's counts) it reads at its
 next acquire, so while the learner keeps up a worker never waits for an answer; its counter adds
 and replay rows go in batches. Every wait is a call of at most :data:`REMOTE_WAIT_S`, so a

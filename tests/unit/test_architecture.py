@@ -144,8 +144,9 @@ SEAM = {
     "mprl.backends.inprocess",
     "mprl.backends.restart",
 }
-#: the examples that are backends
-BACKEND_EXAMPLES = {REPO / "examples" / "mprl-threads" / "mprl_threads.py"}
+#: the backends outside the core, on the seam alone: the built-in Ray backend and an example
+RAY = REPO / "plugins" / "mprl_builtin" / "ray"
+BACKEND_PLUGINS = {*RAY.glob("*.py"), REPO / "examples" / "mprl-threads" / "mprl_threads.py"}
 
 
 #: folders of build output (``pip install`` of an example leaves a copy of its sources in
@@ -164,12 +165,12 @@ def sources_in(folder: Path) -> list[Path]:
 
 def test_plugins_and_examples_use_no_backend_and_no_shared_memory():
     sources = [*sources_in(REPO / "plugins"), *sources_in(REPO / "examples")]
-    assert len(sources) > 5 and set(sources) >= BACKEND_EXAMPLES
+    assert len(sources) > 5 and set(sources) >= BACKEND_PLUGINS and len(BACKEND_PLUGINS) > 7
     for path in sources:
         text = path.read_text()
         assert "share_memory" not in text and "/dev/shm" not in text, path
         backends = {m for m in imports_of(path) if m.startswith("mprl.backends")}
-        allowed = SEAM if path in BACKEND_EXAMPLES else set()
+        allowed = SEAM if path in BACKEND_PLUGINS else set()
         assert backends <= allowed, (path, backends - allowed)
 
 
@@ -179,7 +180,7 @@ def test_the_seam_names_no_concrete_backend():
     edges = graph(lazy=True)
     for name in SEAM:
         concrete = {t for t in edges[name] if t.startswith(("mprl.backends.local",
-                    "mprl.backends.serial", "mprl.backends.ray"))}  # fmt: skip
+                    "mprl.backends.serial"))}  # fmt: skip
         assert not concrete, (name, concrete)
 
 
@@ -191,17 +192,10 @@ def test_no_backend_touches_a_private_name_of_the_context():
     private = re.compile(r"\b(ctx|context|self\.ctx|c\.ctx|p\.ctx)\._[a-z]\w*")
     found = [
         f"{path.relative_to(REPO)}: {m.group(0)}"
-        for path in (PACKAGE / "backends").rglob("*.py")
+        for path in [*(PACKAGE / "backends").rglob("*.py"), *BACKEND_PLUGINS]
         for m in private.finditer(path.read_text())
     ]
     assert found == []
-
-
-def test_the_ray_backend_uses_no_module_of_the_local_backend():
-    edges = graph(lazy=True)
-    for name, targets in edges.items():
-        if name.startswith("mprl.backends.ray"):
-            assert not {t for t in targets if t.startswith("mprl.backends.local")}, name
 
 
 def test_the_gpu_learner_is_no_part_of_the_author_api():
@@ -346,8 +340,8 @@ def test_backends_and_transport_keep_no_module_level_state():
     handle), never in module globals no signature shows."""
     found = [
         finding
-        for room in ("backends", "transport")
-        for path in sorted((PACKAGE / room).rglob("*.py"))
+        for room in (PACKAGE / "backends", PACKAGE / "transport", RAY)
+        for path in sorted(room.rglob("*.py"))
         for finding in _module_state(path)
     ]
     assert found == []

@@ -419,8 +419,8 @@ def test_the_ray_drivers_grants_keep_the_workers_within_a_rollout_each_of_the_bu
     import types
 
     from mprl.backends.base import Role
-    from mprl.backends.ray import backend
-    from mprl.backends.ray.backend import _Actor, _RaySupervisor
+    from mprl_builtin.ray import backend
+    from mprl_builtin.ray.backend import _Actor, _RaySupervisor
 
     clock = [0.0]
     monkeypatch.setattr(backend, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))

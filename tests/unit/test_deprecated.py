@@ -326,7 +326,6 @@ def test_blocking_the_0_1_0_builtin_plugin_blocks_what_it_became(
     assert pm.blocked_names() == became  # what spawned children block: no warning there
     assert not any(pm.has_plugin(name) for name in became)
     assert "local" not in pm.backends() and "serial" not in pm.backends()
-    assert pm.has_plugin("mprl.backends.ray")  # 0.1.0 had no such plugin to block
     assert re.search(r"mprl\.environments, mprl\.backends\.local, mprl\.backends\.serial", str(
         deprecated.renamed_plugin_message("mprl.builtin")
     ))  # fmt: skip

@@ -9,11 +9,11 @@ import attrs
 import pytest
 
 import mprl
-from mprl.backends.ray import RayOptions
 from mprl.errors import PluginError
 from mprl.host.options import RunOptions
 from mprl.host.plugins import get_plugin_manager
 from mprl.tools.cli import main
+from mprl_builtin.ray import RayOptions
 from mprl_builtin.tensorboard import TensorBoardOptions
 
 
@@ -23,13 +23,13 @@ class Budget:
 
 
 def test_the_builtin_owners_register_their_options():
-    options = get_plugin_manager(autoload=False).run_options()
-    assert options.owners["workers"] == "mprl"
+    core = get_plugin_manager(autoload=False).run_options()
+    assert core.owners["workers"] == "mprl" and "ray_address" not in core.owners
+    options = get_plugin_manager().run_options()  # the built-in plugins: Ray's, TensorBoard's
     assert {options.owners[k] for k in ("ray_address", "worker_cpus", "learner_resources")} == {
-        "mprl.backends.ray"
+        "ray"
     }
-    with_tb = get_plugin_manager().run_options()
-    assert with_tb.owners["tensorboard"] == "tensorboard"
+    assert options.owners["tensorboard"] == "tensorboard"
 
 
 def test_registered_options_are_checked_and_read_through_their_class():
@@ -100,7 +100,7 @@ def test_a_registered_option_read_as_an_attribute_warns_and_works():
 def test_the_cli_lists_an_option_under_its_plugin_and_drops_it_when_blocked(capsys):
     assert main(["run", "--help"]) == 0
     out = capsys.readouterr().out
-    assert "run options of plugin mprl.backends.ray" in out and "--learner-resources" in out
+    assert "run options of plugin ray" in out and "--learner-resources" in out
     assert "run options of plugin tensorboard" in out
     assert main(["run", "-p", "no:tensorboard", "--plugin", "a3c", "--tensorboard"]) == 2
     assert "unrecognized arguments: --tensorboard" in capsys.readouterr().err

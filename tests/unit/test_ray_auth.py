@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from mprl.backends.ray import auth
+from mprl_builtin.ray import auth
 
 
 @pytest.fixture
@@ -69,7 +69,7 @@ def test_neither_says_both_for_a_cluster_with_token_authentication(home):
 
 
 def test_the_refusal_of_a_join_carries_the_advice(home, monkeypatch):
-    from mprl.backends.ray import cluster
+    from mprl_builtin.ray import cluster
 
     _token(home / ".ray" / "auth_token")
     monkeypatch.setenv("HOME", str(home))

@@ -16,11 +16,11 @@ import torch
 
 import mprl
 from mprl import schema, testing
-from mprl.backends.ray import start as ray_start
 from mprl.errors import UsageError
 from mprl.host import checkpoint
 from mprl.host.progress import MODES
 from mprl.host.stats import RunStats
+from mprl_builtin.ray import start as ray_start
 from tests.conftest import REPO
 from tests.plugins import mprl_docs_dqn
 

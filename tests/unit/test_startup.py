@@ -13,8 +13,8 @@ import pytest
 
 from mprl import startup
 from mprl.backends.local import forkserver
-from mprl.backends.ray import start as ray_start
 from mprl.run_types import RunConfig
+from mprl_builtin.ray import start as ray_start
 
 
 def wants_forkserver(argv: list[str]) -> bool:
@@ -41,7 +41,7 @@ def test_the_command_line_is_read_once_with_the_option_classes_defaults(monkeypa
 def test_the_early_starts_are_entry_points_of_their_backends():
     starts = {e.name: e.value for e in md.entry_points(group=startup.GROUP)}
     assert starts["local"] == "mprl.backends.local.forkserver:start"
-    assert starts["ray"] == "mprl.backends.ray.start:start"
+    assert starts["ray"] == "mprl_builtin.ray.start:start"
 
 
 @pytest.mark.parametrize(

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from mprl.backends.ray.backend import ACTORS_GONE_S
 from mprl.backends.supervisor import Supervisor
+from mprl_builtin.ray.backend import ACTORS_GONE_S
 from tests.conftest import clean_stderr, cli, end, read_metrics, running, wait_for_metrics
 from tests.slow.ray_cluster import WORKER, placed, ray_processes, run_ray
 
@@ -226,7 +226,8 @@ def test_ctrl_c_while_ray_starts_ahead_of_the_run_stops_it_and_leaves_nothing(
 #: busy to start it would: every call to it is answered by a Ray task that sleeps first
 SLOW_HUB = """
 import sys, time, ray
-from mprl.transport import client, raylink
+from mprl.transport import client
+from mprl_builtin.ray import link
 client.START_TIMEOUT_S = float(sys.argv[1])
 
 @ray.remote(num_cpus=0)
@@ -237,7 +238,7 @@ def call(self, method, *args):
     print("mprl-test: the hub is called", file=sys.stderr, flush=True)
     return later.remote()
 
-raylink.RayLink.call = call  # (the driver's calls: the actors' own are not patched)
+link.RayLink.call = call  # (the driver's calls: the actors' own are not patched)
 from mprl.tools.cli import main
 sys.exit(main(sys.argv[2:]))
 """

@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from mprl import startup
-from mprl.backends.ray import start as ray_start
-from mprl.backends.ray.options import INSTALL, RayOptions, learner_resources  # noqa: F401
 from mprl.errors import UsageError
+from mprl_builtin.ray import start as ray_start
+from mprl_builtin.ray.options import INSTALL, RayOptions, learner_resources  # noqa: F401
 
 
 def actor_options(resources: Mapping[str, float]) -> dict[str, Any]:
@@ -35,7 +35,7 @@ CONNECT_TIMEOUT_S = 60.0
 
 def connect(address: str, cpus_needed: float) -> Path | None:
     """Join the Ray cluster at ``address``, or start Ray on this machine for the run when it is
-    empty (or take the one started ahead, :func:`mprl.backends.ray.start.start`, when it has
+    empty (or take the one started ahead, :func:`mprl_builtin.ray.start.start`, when it has
     the CPUs); the embedded Ray's session directory (``None`` for a cluster). Raises
     :class:`UsageError` naming the address when there is no Ray cluster to join."""
     import ray
@@ -135,7 +135,7 @@ def too_big(need: Mapping[str, float]) -> str | None:
 def unreachable(exc: BaseException, address: str) -> str:
     """Why joining the cluster at ``address`` failed, and what to check or set on this machine
     (a token without ``RAY_AUTH_MODE=token``, or the mode without a token, named)."""
-    from mprl.backends.ray import auth
+    from mprl_builtin.ray import auth
 
     return f"cannot join the Ray cluster at {address} ({cause(exc)}); {auth.join_advice()}"
 

@@ -9,7 +9,7 @@ stop sequence) is :class:`mprl.backends.supervisor.Supervisor`'s.
   driver's node address, with a random per-run key (never an open port without
   authentication): the same objects, so the same semantics, as on the local backend.
 - Transport fields live in a hub in the train process's actor (:mod:`mprl.transport.hub`),
-  mapped by the actors of its machine, called by the others (:mod:`mprl.transport.raylink`):
+  mapped by the actors of its machine, called by the others (:mod:`mprl_builtin.ray.link`):
   the driver is not on their way.
 - The train process's model, optimizers and modules are fetched only when the host asks
   before it reads its copies of them (a checkpoint, the policy check, an evaluation:
@@ -36,13 +36,13 @@ from mprl import kinds, startup
 from mprl.backends import base
 from mprl.backends.base import TICK_S, Job, Monitor, Outcome, Role
 from mprl.backends.processes import ManagerServer, check_memory
-from mprl.backends.ray import cluster
-from mprl.backends.ray import start as ray_start
 from mprl.backends.supervisor import FAILED, RETURNED, RUNNING, NotStarted, Status, Supervisor
 from mprl.context import Context
 from mprl.errors import UsageError
 from mprl.run_types import ChildFailure
 from mprl.schema import SharedState
+from mprl_builtin.ray import cluster
+from mprl_builtin.ray import start as ray_start
 
 INSTALL = cluster.INSTALL
 #: seconds between the train process's model shares with workers that act with ``ctx.model``
@@ -335,7 +335,7 @@ class _RaySupervisor(Supervisor):
         import ray
 
         from mprl.transport.client import START_TIMEOUT_S, Endpoint, HubBuilder, HubNotStarted
-        from mprl.transport.raylink import RayLink
+        from mprl_builtin.ray.link import RayLink
 
         for role in self.job.roles():  # their processes start (and import torch) together,
             self.made[role.slot] = self._new_actor(role)  # while the state is built
@@ -372,7 +372,7 @@ class _RaySupervisor(Supervisor):
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        from mprl.backends.ray.actor import ChildActor
+        from mprl_builtin.ray.actor import ChildActor
 
         if self.job.algorithm.train is not None:
             return self.made[self.job.run.workers]
@@ -395,7 +395,7 @@ class _RaySupervisor(Supervisor):
     def _new_actor(self, role: Role) -> Any:
         import ray
 
-        from mprl.backends.ray.actor import ChildActor
+        from mprl_builtin.ray.actor import ChildActor
 
         if role.kind == "worker":
             options = {"num_cpus": self.options.worker_cpus, "scheduling_strategy": "SPREAD"}

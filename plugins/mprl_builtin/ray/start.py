@@ -19,11 +19,11 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-from mprl.backends.ray.options import RayOptions, learner_resources, worker_cpus
 from mprl.errors import UsageError
 from mprl.run_types import RunConfig
 from mprl.startup import Command, exit_on_terminate
 from mprl.timeline import mark
+from mprl_builtin.ray.options import RayOptions, learner_resources, worker_cpus
 
 QUIET = {"log_to_driver": False, "logging_level": "WARNING"}
 
@@ -107,7 +107,7 @@ def _release_import_lock() -> None:
 class EarlyRay:
     """Ray starting on this machine in a thread (:func:`start`'s handle): Ray's processes
     start while this process imports torch and prepares the run, which then takes it
-    (:func:`mprl.backends.ray.cluster.connect`)."""
+    (:func:`mprl_builtin.ray.cluster.connect`)."""
 
     def __init__(self, cpus: float) -> None:
         self.out: list[tuple[Path | None, BaseException | None]] = []

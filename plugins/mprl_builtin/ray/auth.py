@@ -1,5 +1,5 @@
 """Ray's token authentication as this machine has it, in words, for a driver that could not
-join a cluster (:func:`mprl.backends.ray.cluster.unreachable`).
+join a cluster (:func:`mprl_builtin.ray.cluster.unreachable`).
 
 A cluster started with ``RAY_AUTH_MODE=token`` refuses a driver that sends no token, and Ray
 (2.5x and later) sends one only where ``RAY_AUTH_MODE=token`` is set in the driver's own

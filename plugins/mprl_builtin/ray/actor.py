@@ -70,7 +70,7 @@ class ChildActor:
     ) -> dict[str, Any]:
         """Run the plugin's function; ``{"code": 0}``, or ``{"code": 1, "traceback": ...}``.
         ``hub_host``: the actor that hosts the run's hub, ``None`` when this one does."""
-        from mprl.transport.raylink import RayLink
+        from mprl_builtin.ray.link import RayLink
 
         if hub_host is None:
             self.endpoint = Endpoint(Direct(self.hub), self.hub)

@@ -1,5 +1,5 @@
 """The Ray backend's run options, and what they say, read without importing Ray or torch
-(the early start reads them too: :mod:`mprl.backends.ray.start`)."""
+(the early start reads them too: :mod:`mprl_builtin.ray.start`)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ UNITS = 10_000
 RESOURCE_UNIT = 1 / UNITS
 
 #: resource names that Ray takes as options of their own, not in an actor's ``resources``
-#: (``memory`` is one: :func:`mprl.backends.ray.cluster.actor_options` passes it so)
+#: (``memory`` is one: :func:`mprl_builtin.ray.cluster.actor_options` passes it so)
 NOT_RESOURCES = ("object_store_memory",)
 
 
