@@ -380,12 +380,17 @@ class Supervisor:
             self._take()
             self.wait(min(deadline, time.monotonic() + 0.1), [c.handle for c in alive])  # type: ignore[misc]
         for child in alive:
+            starting = child.handle.poll().starting  # type: ignore[union-attr]
             child.handle.kill()  # type: ignore[union-attr]
-            self.event(
-                "kill",
-                f"{child.role.who} did not stop within {self.stop_grace_s:g} s; killed",
-                rank=child.role.rank,
-            )
+            who = child.role.who
+            if starting:  # it never ran the plugin's code (a run that ended as it started, or
+                # a loaded machine): a line in the log, nothing said
+                record = {"source": "main", "event": "kill", "rank": child.role.rank}
+                message = f"{who} was still starting when the run stopped; killed"
+                self.monitor.on_records([{**record, "step": sum(self.steps()), "message": message}])
+            else:
+                message = f"{who} did not stop within {self.stop_grace_s:g} s; killed"
+                self.event("kill", message, rank=child.role.rank)
         self._take()
         failures = []
         for child in running:  # a crash while stopping: reported with its traceback

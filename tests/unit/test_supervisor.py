@@ -21,14 +21,15 @@ from mprl.run_types import ChildFailure, RunConfig
 @attrs.define
 class Plan:
     """What one start of a child does: ends with ``code`` after ``after`` seconds (never when
-    ``None``), beats unless ``hangs``, stops at the stop flag unless ``ignores`` it (then it
-    runs until killed), takes ``steps`` steps."""
+    ``None``), beats unless ``hangs``, stops at the stop flag unless ``ignores`` it or is
+    ``starting`` (then it runs until killed), takes ``steps`` steps."""
 
     code: int | None = None
     after: float = 0.0
     hangs: bool = False
     ignores: bool = False
     steps: int = 10
+    starting: bool = False  # stays in its start-up work (and so never sees the stop flag)
 
 
 class Proc:
@@ -50,11 +51,11 @@ class Proc:
         if self.code is None:
             if plan.code is not None and time.monotonic() - self.started >= plan.after:
                 self._end(plan.code)
-            elif self.stopped and not plan.ignores and not plan.hangs:
+            elif self.stopped and not (plan.ignores or plan.hangs or plan.starting):
                 self._end(0)
         if self.code is None:
             silent = time.monotonic() - self.started if plan.hangs else 0.0
-            return Status(RUNNING, silent)
+            return Status(RUNNING, silent, plan.starting)
         return Status(RETURNED) if self.code == 0 else Status(FAILED, code=self.code)
 
     def stop(self) -> None:
@@ -88,6 +89,7 @@ class Job:
 class Monitor:
     def __init__(self, stop_after: float | None = None, signal_name: str | None = None):
         self.events: list[dict[str, Any]] = []
+        self.records: list[dict[str, Any]] = []
         self.stopped_with: list[int] | None = None
         self.signal_name = signal_name
         self.deadline = None if stop_after is None else time.monotonic() + stop_after
@@ -103,7 +105,7 @@ class Monitor:
         self.stopped_with = list(per_slot_steps)
 
     def on_records(self, records: Any) -> None:
-        pass
+        self.records.extend(dict(r) for r in records)
 
     def on_tick(self, env_steps: int, per_worker_steps: Sequence[int]) -> str | None:
         if self.signal_name is not None:
@@ -202,6 +204,18 @@ def test_children_that_ignore_the_stop_flag_are_killed_after_the_grace():
     assert "worker 0 did not stop within 0.2 s; killed" in monitor.events[0]["message"]
     assert outcome.shutdown_s is not None and 0.2 <= outcome.shutdown_s < 2.0  # bounded
     assert not outcome.failures  # a kill at the stop is reported, not a failure
+
+
+def test_a_child_still_starting_at_the_stop_is_killed_after_the_grace_and_only_logged():
+    # (a run that ends as it starts, or a loaded machine: its start-up outlasts the grace)
+    outcome, sup, monitor = run({0: [Plan(starting=True)], 1: [Plan(ignores=True)]})
+    assert sorted(sup.killed) == [(0, False), (1, False)]
+    said = [e["message"] for e in monitor.events if e["event"] == "kill"]
+    assert said == ["worker 1 did not stop within 0.2 s; killed"]  # it ran, and ignored it
+    (logged,) = [r for r in monitor.records if r.get("event") == "kill"]
+    assert logged["rank"] == 0 and logged["source"] == "main"
+    assert logged["message"] == "worker 0 was still starting when the run stopped; killed"
+    assert not outcome.failures and 0.2 <= outcome.shutdown_s < 2.0
 
 
 def test_a_child_ended_by_a_signal_the_main_process_also_got_is_a_stop_not_a_crash():
