@@ -92,10 +92,13 @@ def final_score(run: Run, window: int = 100) -> tuple[float, str] | None:
     return None
 
 
-def interval(scores: Sequence[float], reps: int = REPS) -> tuple[float, tuple[float, float] | None]:
+def interval(
+    scores: Sequence[float], reps: int | None = None
+) -> tuple[float, tuple[float, float] | None]:
     """The IQM of ``scores`` (one per seed) and its 95% stratified-bootstrap interval
-    (rliable's ``get_interval_estimates`` of ``aggregate_iqm``); the interval is ``None`` with
-    fewer than 2 scores (one seed has no spread to resample) or without rliable."""
+    (rliable's ``get_interval_estimates`` of ``aggregate_iqm``, :data:`REPS` resamples unless
+    ``reps``); the interval is ``None`` with fewer than 2 scores (one seed has no spread to
+    resample) or without rliable."""
     point = float(iqm(scores))
     lib = rliable()
     if lib is None or len(scores) < 2:
@@ -103,17 +106,18 @@ def interval(scores: Sequence[float], reps: int = REPS) -> tuple[float, tuple[fl
     library, metrics = lib
     matrix = np.asarray(scores, dtype=float).reshape(-1, 1)  # runs x tasks: one task
     _, cis = _bootstrap(
-        library, {"x": matrix}, lambda m: np.array([metrics.aggregate_iqm(m)]), reps
+        library, {"x": matrix}, lambda m: np.array([metrics.aggregate_iqm(m)]), reps or REPS
     )
     low, high = cis["x"][:, 0]
     return point, (float(low), float(high))
 
 
 def performance_profiles(
-    scores: Mapping[str, Sequence[float]], taus: np.ndarray, reps: int = CURVE_REPS
+    scores: Mapping[str, Sequence[float]], taus: np.ndarray, reps: int | None = None
 ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """For each name, the fraction of its runs scoring above each of ``taus`` and the 95%
-    stratified-bootstrap band of it, ``(2, len(taus))`` (what rliable's
+    stratified-bootstrap band of it (:data:`CURVE_REPS` resamples unless ``reps``),
+    ``(2, len(taus))`` (what rliable's
     ``create_performance_profile`` computes). Needs rliable (a :class:`UsageError` without it)."""
     lib = rliable()
     if lib is None:
@@ -122,7 +126,7 @@ def performance_profiles(
     # create_performance_profile's own call, made the same every time as the others
     matrices = {k: np.asarray(v, dtype=float).reshape(-1, 1) for k, v in scores.items()}
     points, cis = _bootstrap(
-        library, matrices, lambda m: library.score_distributions(m, taus), reps
+        library, matrices, lambda m: library.score_distributions(m, taus), reps or CURVE_REPS
     )
     return {k: (np.asarray(points[k]), np.asarray(cis[k])) for k in scores}
 

@@ -16,6 +16,15 @@ from mprl.tools.cli import main
 from mprl.tools.report import read_run
 from mprl_builtin.sweep import results, spec
 
+
+@pytest.fixture(autouse=True)
+def fewer_resamples(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tenth of the bootstrap's resamples: what the tests check (an interval holds the IQM,
+    narrows with seeds, a band holds its curve) does not need the report's precision."""
+    monkeypatch.setattr(aggregate, "REPS", aggregate.REPS // 10)
+    monkeypatch.setattr(aggregate, "CURVE_REPS", aggregate.CURVE_REPS // 10)
+
+
 needs_rliable = pytest.mark.skipif(aggregate.rliable() is None, reason="rliable not installed")
 
 

@@ -27,7 +27,9 @@ SMALL = {"buffer_size": 1000, "learning_starts": 200, "target_every": 50, "batch
 def test_dqn_learns_from_its_replay_buffer_in_serial_mode(mprl_pm, mprl_serial):
     mprl_pm.register(mprl_docs_dqn)
     a, b = (
-        mprl_serial("docs-dqn", workers=2, total_steps=2000, seed=5, config=SMALL) for _ in "ab"
+        # (1,200 steps: 600 a worker, past its ring of 500; some 250 updates, 5 target copies)
+        mprl_serial("docs-dqn", workers=2, total_steps=1200, seed=5, config=SMALL)
+        for _ in "ab"
     )
     state = a.state
     assert state.replay.capacity == 1000 and state.replay.size() == 1000  # both rings full

@@ -90,15 +90,16 @@ def test_a_discrete_env_is_refused_naming_what_sac_takes(capsys):
 
 
 def test_a_serial_run_repeats_exactly_for_a_seed():
-    config = {**TINY, "learning_starts": 200}
-    runs = [sac_serial(total_steps=800, workers=2, seed=seed, config=config) for seed in (4, 4, 5)]
+    config = {**TINY, "learning_starts": 400}  # (then about 200 updates: each a repeat too)
+    runs = [sac_serial(total_steps=600, workers=2, seed=seed, config=config) for seed in (4, 4, 5)]
     a, b, other = runs
-    assert len(a.episode_returns) == 4 and a.episode_returns == b.episode_returns
+    assert len(a.episode_returns) == 2 and a.episode_returns == b.episode_returns
     assert a.episode_returns != other.episode_returns
     for name, tensor in a.model.state_dict().items():
         assert torch.equal(tensor, b.model.state_dict()[name]), name
     assert a.state.updates.value == b.state.updates.value > 0
-    fixed = sac_serial(total_steps=400, seed=4, config={**config, "ent_coef": 0.05})
+    fixed = sac_serial(total_steps=400, seed=4, config={**TINY, "learning_starts": 200,
+                                                        "ent_coef": 0.05})  # fmt: skip
     alphas = [r["alpha"] for r in fixed.records if "alpha" in r]
     assert alphas and all(alpha == pytest.approx(0.05) for alpha in alphas)  # not tuned
 
