@@ -5,6 +5,7 @@ writes them (config.json, metrics.jsonl, summary.json), with returns chosen here
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import numpy as np
@@ -25,7 +26,11 @@ def fewer_resamples(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(aggregate, "CURVE_REPS", aggregate.CURVE_REPS // 10)
 
 
-needs_rliable = pytest.mark.skipif(aggregate.rliable() is None, reason="rliable not installed")
+# (found, not imported: rliable's import takes 4 s, which every pytest-xdist worker would pay
+# collecting this module, whatever tests it then runs)
+needs_rliable = pytest.mark.skipif(
+    importlib.util.find_spec("rliable") is None, reason="rliable not installed"
+)
 
 
 def write_run(path, *, final, seed=0, config=None, evals=(), episodes=150, plugin="ppo"):

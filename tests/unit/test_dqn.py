@@ -1,12 +1,11 @@
-"""The built-in dqn plugin in serial runs: it learns CartPole a little in a short budget, keeps
-its declared replay ratio (updates per env step), repeats for a seed; its policy, its double-DQN
-target and the spaces it refuses."""
+"""The built-in dqn plugin in serial runs: it keeps its declared replay ratio (updates per env
+step) and repeats for a seed; its policy, its double-DQN target and the spaces it refuses. That
+it learns CartPole is the slow tier's (tests/slow/test_dqn.py)."""
 
 from __future__ import annotations
 
 import contextlib
 import json
-import statistics
 from pathlib import Path
 
 import attrs
@@ -47,20 +46,6 @@ def one_torch_thread():
 def dqn_serial(**kw) -> SerialResult:
     with one_torch_thread():
         return run_serial("dqn", plugins=[dqn], **kw)
-
-
-def test_dqn_learns_cartpole_a_little_at_its_declared_replay_ratio():
-    result = dqn_serial(total_steps=5000, workers=2, seed=0, config=SMALL)
-    returns = result.episode_returns
-    assert statistics.fmean(returns[-20:]) > 2 * statistics.fmean(returns[:20])
-    state = result.state
-    added, updates = state.replay.added(), state.updates.value
-    assert added == result.summary.env_steps  # a row per env step
-    # 1 update per steps_per_update (4) env steps after learning_starts: within one update's rows
-    assert abs(updates - (added - 500) / 4) <= 1
-    assert state.replay.sampled() == 32 * updates == state.weights.version * 32
-    logged = [r for r in result.records if "loss" in r]
-    assert logged and all(np.isfinite(r["loss"]) for r in logged)
 
 
 def test_the_ratio_is_the_config_s_and_a_serial_run_repeats():

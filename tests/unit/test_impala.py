@@ -118,7 +118,7 @@ def test_the_learning_rate_anneals_over_env_steps_to_the_floor(algorithm, shape)
     assert annealed_lr(cfg, 10**6) == pytest.approx(1e-3 * MIN_LR_FRACTION)
     assert annealed_lr(ImpalaConfig(lr=1e-3), 10**6) == 1e-3  # 0: constant
     config = {"lr": 1e-3, "anneal_steps": 2048, **shape}
-    result = run_serial(algorithm, total_steps=8192, config=config)
+    result = run_serial(algorithm, total_steps=4096, config=config)  # twice anneal_steps
     learner = "trainer" if algorithm == "impala" else "worker"
     stepping = [c.optimizer for c in result.contexts if c.role == learner]
     assert stepping and all(
