@@ -84,6 +84,31 @@ def test_the_interval_holds_the_iqm_narrows_with_seeds_and_needs_two():
     assert aggregate.interval([5.0, 5.0, 5.0]) == (5.0, (5.0, 5.0))
 
 
+@needs_rliable
+def test_the_intervals_and_bands_are_rliables_own_computed_with_numpy():
+    """The statistics given to rliable's bootstrap are numpy's (``iqm``, one comparison for
+    every threshold) and rliable's own (``aggregate_iqm``, ``score_distributions``) gives the
+    same point and interval, ties on a threshold included (a score equal to tau is not above)."""
+    library, metrics = aggregate.rliable()
+    rng = np.random.default_rng(11)
+    scores = {"a": np.round(rng.normal(200, 80, 7)), "b": np.round(rng.normal(150, 40, 5))}
+    taus = np.concatenate([np.linspace(0, 400, 41), scores["a"][:3]])  # thresholds on scores
+    profiles = aggregate.performance_profiles(scores, taus, reps=300)
+    matrices = {k: v.reshape(-1, 1) for k, v in scores.items()}
+    points, cis = aggregate._bootstrap(
+        library, matrices, lambda m: library.score_distributions(m, taus), 300
+    )
+    for key in scores:
+        assert np.array_equal(profiles[key][0], points[key])
+        assert np.array_equal(profiles[key][1], cis[key])
+    point, ci = aggregate.interval(scores["a"], reps=500)
+    _, theirs = aggregate._bootstrap(
+        library, {"x": matrices["a"]}, lambda m: np.array([metrics.aggregate_iqm(m)]), 500
+    )
+    assert point == pytest.approx(metrics.aggregate_iqm(matrices["a"]), abs=1e-12)
+    assert ci == pytest.approx(tuple(theirs["x"][:, 0]), abs=1e-9)
+
+
 def test_final_score_is_the_last_evaluation_else_the_last_100_episodes(tmp_path):
     trained = read_run(write_run(tmp_path / "a", final=200))
     assert aggregate.final_score(trained) == (200.0, "training")
