@@ -28,7 +28,7 @@ def tom2c_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_tom2c_installs_and_runs_with_spawned_workers(tom2c_site: Path, tmp_path: Path) -> None:
     env = with_site(tom2c_site)
     listing = cli("plugins", env=env)
-    assert "tom2c  (mprl-tom2c 0.1.0)" in listing.stdout, listing.stdout
+    assert "tom2c  (mprl-tom2c 0.2.0)" in listing.stdout, listing.stdout
     run_dir = tmp_path / "run"
     proc = cli(
         "run", "--plugin", "tom2c", "--env", "mpe2:simple_spread_v3", "--workers", "2",
@@ -41,6 +41,10 @@ def test_tom2c_installs_and_runs_with_spawned_workers(tom2c_site: Path, tmp_path
     updates = [r for r in records if "tom_accuracy" in r]
     assert updates and all(0.0 <= r["tom_accuracy"] <= 1.0 for r in updates)
     assert any("return_agent_0" in r for r in records)  # each agent's episode return
+    assert all(0.0 <= r["messages_per_step"] <= 6.0 for r in updates)  # 3 agents: 6 pairs
+    played = cli("eval", str(run_dir), "--episodes", "2", env=env, timeout=120)
+    assert played.returncode == 0, played.stderr
+    assert json.loads((run_dir / "eval.json").read_text())["episodes"] == 2
     single = cli("run", "--plugin", "tom2c", "--env", "CartPole-v1", env=env)
     assert single.returncode == 2 and "multi-agent" in single.stderr
 
