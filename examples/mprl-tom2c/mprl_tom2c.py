@@ -363,7 +363,7 @@ class ToM2CModel(nn.Module):
                 send = torch.distributions.Bernoulli(logits=send_logits).sample()
             heard = received(send, goal, self.landmarks)
             parts.append(heard.flatten(-2))
-        if send is None or not self.comm:
+        if not self.comm:  # (with it, send was given or sampled above)
             send = torch.zeros(b, a, a - 1, device=obs.device)
         logits = self.actor(torch.cat(parts, -1))
         memory = Memory(h, g, goal, heard)
@@ -378,10 +378,9 @@ class ToM2CModel(nn.Module):
         memory = self.initial(obs.shape[1])
         steps = []
         for t in range(obs.shape[0]):
-            given = (
-                (None, None) if goal is None else (goal[t], send[t] if send is not None else None)
-            )
-            step = self.step(obs[t], memory, t, *given)
+            goal_t = None if goal is None else goal[t]
+            send_t = None if send is None else send[t]
+            step = self.step(obs[t], memory, t, goal_t, send_t)
             steps.append(step)
             memory = step.memory
         return steps
