@@ -20,7 +20,7 @@ from typing import Any
 import attrs
 from attrs import validators as v
 
-from mprl.backends.processes import child_environment, process_state
+from mprl.backends.processes import child_environment, process_state, set_process_name
 from mprl.run_types import RunConfig
 from mprl.startup import Command, exit_on_terminate
 
@@ -153,6 +153,64 @@ def start(command: Command) -> EarlyServer | None:
     exit_on_terminate()
     start_context("forkserver")
     with child_environment(1):
-        forkserver.ensure_running()  # returns at once: the server imports in the background
+        if not fork_server():  # (another thread already: a server of its own, which imports)
+            forkserver.ensure_running()
     mark("forkserver", server=forkserver._forkserver._forkserver_pid)  # type: ignore[attr-defined]
     return EarlyServer()
+
+
+def fork_server() -> bool:
+    """Start this process's forkserver as a fork of this process, once it has imported
+    :data:`FORKSERVER_PRELOAD` (the main process needs them too): the server imports nothing,
+    where one started by ``multiprocessing`` is a new interpreter that imports them again
+    (about 2.5 s of CPU a run; see benchmarks/README.md, "startup.py"). Only while this process
+    has one thread and has done nothing yet (the early start): a fork copies one thread, and
+    what the process holds open by then is its standard streams. ``False`` when it has more."""
+    import importlib
+    import socket
+    import sys
+    import threading
+    from multiprocessing import connection, forkserver
+
+    if threading.active_count() > 1:
+        return False
+    for name in FORKSERVER_PRELOAD[1:]:  # (the first ignores the terminal's signals: the server's)
+        importlib.import_module(name)
+    server = forkserver._forkserver  # type: ignore[attr-defined]
+    with socket.socket(socket.AF_UNIX) as listener:
+        address = connection.arbitrary_address("AF_UNIX")  # type: ignore[attr-defined]
+        listener.bind(address)
+        os.chmod(address, 0o600)
+        listener.listen()
+        alive_r, alive_w = os.pipe()  # the server leaves once this process's end is closed
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            _serve(listener.fileno(), alive_r, alive_w)
+        os.close(alive_r)
+    server._forkserver_address = address
+    server._forkserver_alive_fd = alive_w
+    server._forkserver_pid = pid
+    return True
+
+
+def _serve(listener: int, alive_r: int, alive_w: int) -> None:
+    """The forked server: ``multiprocessing``'s own loop, with the terminal's signals ignored
+    (:mod:`mprl.backends.local.forkserver_init`); it never returns into the code it was forked
+    from."""
+    from multiprocessing import forkserver
+
+    code = 0
+    try:
+        os.close(alive_w)
+        set_process_name("mprl-forkserver")
+        import mprl.backends.local.forkserver_init  # noqa: F401
+
+        forkserver.main(listener, alive_r, [])  # type: ignore[attr-defined]
+    except SystemExit:  # this process's end of the pipe closed: it has gone
+        pass
+    except BaseException:
+        code = 1
+    finally:
+        os._exit(code)
