@@ -6,7 +6,7 @@ children, a Ray actor on this machine) appends one JSON line to ``FILE`` as it p
 ``benchmarks/startup.py`` reads them; without the variable a mark costs one dictionary lookup
 and nothing is written.
 
-The marks, in the order a run passes them: ``forkserver`` (``python -m mprl run`` started its
+The marks, in the order a run passes them: ``forkserver`` (``python -m mprl run`` forked its
 children's server, pid ``server``), ``ray-starting`` (``python -m mprl run --backend ray``
 began to start a Ray on this machine, in a thread, as its first act), ``ray-started`` (a Ray
 on this machine answers, started by ``thread``: ``mprl-ray-start`` when it was started ahead;

@@ -103,7 +103,7 @@ def python_in(shell: subprocess.Popen[str]) -> int:
 
     def found() -> int | None:
         for pid in child_pids(shell.pid):
-            if _argv(pid)[1:3] == [b"-m", b"mprl"]:
+            if _is_mprl(pid):
                 return pid
         return None
 
@@ -364,7 +364,7 @@ def test_a_closed_terminal_stops_the_run_cleanly(installed, run_dir):
         try:
             wait_for_metrics(run_dir, stepped)
             wait_until(lambda: b"env steps" in b"".join(shown), "the live panel")
-            (main,) = [p for p in child_pids(shell.pid) if _argv(p)[1:3] == [b"-m", b"mprl"]]
+            (main,) = [p for p in child_pids(shell.pid) if _is_mprl(p)]
         finally:
             done.set()
             reader.join()
@@ -382,6 +382,23 @@ def test_a_closed_terminal_stops_the_run_cleanly(installed, run_dir):
     assert not events(records, "checkpoint-partial"), events(records, "checkpoint-partial")
     _, data = checkpoint.load(run_dir)
     assert data["env_steps"] == summary["env_steps"]
+
+
+def _is_mprl(pid: int) -> bool:
+    """Whether ``pid`` is a ``python -m mprl`` command's main process: its forkserver and the
+    children forked from it show the same command line, under a parent that does too."""
+    return _command(pid) and not _command(_parent(pid))
+
+
+def _command(pid: int) -> bool:
+    return _argv(pid)[1:3] == [b"-m", b"mprl"]
+
+
+def _parent(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
 
 
 def _argv(pid: int) -> list[bytes]:

@@ -1,6 +1,6 @@
 """Start-up as a measured cost (benchmarks/startup.py reads what these check): ``import mprl``
-loads no torch, so ``python -m mprl run`` starts its children's forkserver before it imports
-torch; mprl's Adam is built and used without ``torch._dynamo``; the run's timeline marks come
+loads no torch; ``python -m mprl run`` forks its children's forkserver from itself as soon as it
+has imported torch (no second interpreter importing it again); mprl's Adam is built and used without ``torch._dynamo``; the run's timeline marks come
 in order from every process; and a forkserver started early for a run that does not use it is
 stopped as soon as the run's backend is known; a Ctrl-C while the command imports ends it as
 interrupted, with nothing left."""
@@ -13,8 +13,19 @@ import signal
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
-from tests.conftest import alive, cli, end, running, wait_for_metrics, wait_until
+from tests.conftest import (
+    alive,
+    child_pids,
+    cli,
+    comm,
+    end,
+    running,
+    stepped,
+    wait_for_metrics,
+    wait_until,
+)
 
 
 def _python(code: str) -> subprocess.CompletedProcess[str]:
@@ -63,7 +74,7 @@ def _marks(path):
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def test_the_children_fork_from_a_server_started_before_the_cli_imported_torch(tmp_path):
+def test_the_children_fork_from_a_server_started_before_the_cli_imported_the_rest(tmp_path):
     timeline, run_dir = tmp_path / "timeline.jsonl", tmp_path / "run"
     done = cli(
         "run", "--plugin", "a3c", "--workers", "2", "--total-steps", "400", "--quiet",
@@ -86,6 +97,32 @@ def test_the_children_fork_from_a_server_started_before_the_cli_imported_torch(t
     updated = {m["source"] for m in marks if m["mark"] == "update"}  # on a busy machine one
     assert updated and updated <= {"worker:0", "worker:1"}  # worker may do the 400 steps alone
     assert not alive(server)  # the run stopped it
+
+
+def test_the_early_server_is_a_fork_of_the_main_process_and_ends_with_it(tmp_path):
+    """The forkserver of ``python -m mprl run`` is the main process forked (its command line,
+    its child), not a new interpreter that imports torch a second time; the run's workers are
+    its children, and a main process killed with SIGKILL takes it along (its pipe closes)."""
+    run_dir = tmp_path / "run"
+    args = ["--plugin", "a3c", "--workers", "2", "--total-steps", "10000000", "--quiet",
+            "--run-dir", str(run_dir)]  # fmt: skip
+    with running(args) as proc:
+        wait_for_metrics(run_dir, stepped)
+        (server,) = [p for p in child_pids(proc.pid) if comm(p) == "mprl-forkserver"]
+        assert _cmdline(server) == _cmdline(proc.pid)  # forked: it ran no new program
+        assert _parent(server) == proc.pid
+        workers = {comm(p) for p in child_pids(server)}
+        assert {"mprl-worker-0", "mprl-worker-1"} <= workers
+        proc.kill()
+        wait_until(lambda: not alive(server), "the server gone with the main process", 30)
+
+
+def _cmdline(pid: int) -> bytes:
+    return Path(f"/proc/{pid}/cmdline").read_bytes()
+
+
+def _parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
 def test_a_server_started_early_for_a_run_on_another_backend_is_stopped_once_it_is_known(
@@ -124,9 +161,9 @@ def _default_terminal_signals() -> None:
 
 
 def test_a_ctrl_c_while_the_command_imports_ends_it_as_interrupted_with_nothing_left(tmp_path):
-    """A Ctrl-C to the command's group once its forkserver has started ahead, while it imports
-    torch and the CLI: no KeyboardInterrupt traceback out of an import, one line, exit 130;
-    the server is stopped as on any exit (the leftover check: no process, no temp dir)."""
+    """A Ctrl-C to the command's group while it imports torch (the early start, which then forks
+    the forkserver): no KeyboardInterrupt traceback out of an import, one line, exit 130; the
+    server is stopped as on any exit (the leftover check: no process, no temp dir)."""
     timeline, run_dir = tmp_path / "timeline.jsonl", tmp_path / "run"
     proc = subprocess.Popen(
         [sys.executable, "-m", "mprl", "run", "--plugin", "a3c", "--workers", "1", "--quiet",
@@ -135,20 +172,26 @@ def test_a_ctrl_c_while_the_command_imports_ends_it_as_interrupted_with_nothing_
         preexec_fn=_default_terminal_signals, env={**os.environ, "MPRL_TIMELINE": str(timeline)},
     )  # fmt: skip
     try:
-        wait_until(  # the server's mark written whole: the CLI's imports have begun
-            lambda: timeline.exists() and timeline.read_text().endswith("\n"),
-            "the forkserver's mark",
-            timeout=60,
-        )
+        wait_until(lambda: _loading_torch(proc.pid), "torch being imported", timeout=60)
         os.killpg(proc.pid, signal.SIGINT)
         _, stderr = proc.communicate(timeout=60)
     finally:
         end(proc)
     marks = _marks(timeline)
-    assert [m["mark"] for m in marks] == ["forkserver"]  # it ended before the CLI's imports did
+    # the Ctrl-C was held until the early start was done (its server forked, and stopped as
+    # the command exits), and ended it before the CLI's imports did
+    assert [m["mark"] for m in marks] == ["forkserver"]
     assert proc.returncode == 130, stderr
     assert stderr == "mprl: interrupted\n", stderr  # no traceback
     assert not alive(marks[0]["server"]) and not run_dir.exists()
+
+
+def _loading_torch(pid: int) -> bool:
+    """Whether process ``pid`` has begun to import torch (its library is mapped)."""
+    try:
+        return "libtorch_cpu" in Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return False
 
 
 def test_a_spawned_manager_server_loads_no_torch():

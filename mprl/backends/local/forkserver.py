@@ -152,8 +152,8 @@ def start(command: Command) -> EarlyServer | None:
     # when this process has gone
     exit_on_terminate()
     start_context("forkserver")
-    with child_environment(1):
-        if not fork_server():  # (another thread already: a server of its own, which imports)
+    if not fork_server():  # (another thread already: a server of its own, which imports)
+        with child_environment(1):
             forkserver.ensure_running()
     mark("forkserver", server=forkserver._forkserver._forkserver_pid)  # type: ignore[attr-defined]
     return EarlyServer()
@@ -174,10 +174,12 @@ def fork_server() -> bool:
 
     if threading.active_count() > 1:
         return False
-    for name in FORKSERVER_PRELOAD[1:]:  # (the first ignores the terminal's signals: the server's)
+    # this process's own imports, with its own thread settings (the first module ignores the
+    # terminal's signals: the server's alone)
+    for name in FORKSERVER_PRELOAD[1:]:
         importlib.import_module(name)
     server = forkserver._forkserver  # type: ignore[attr-defined]
-    with socket.socket(socket.AF_UNIX) as listener:
+    with child_environment(1), socket.socket(socket.AF_UNIX) as listener:
         address = connection.arbitrary_address("AF_UNIX")  # type: ignore[attr-defined]
         listener.bind(address)
         os.chmod(address, 0o600)
