@@ -201,18 +201,20 @@ def _serve(listener: int, alive_r: int, alive_w: int) -> None:
     """The forked server: ``multiprocessing``'s own loop, with the terminal's signals ignored
     (:mod:`mprl.backends.local.forkserver_init`); it never returns into the code it was forked
     from."""
+    import traceback
     from multiprocessing import forkserver
 
     code = 0
     try:
         os.close(alive_w)
         set_process_name("mprl-forkserver")
-        import mprl.backends.local.forkserver_init  # noqa: F401
-
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)
         forkserver.main(listener, alive_r, [])  # type: ignore[attr-defined]
     except SystemExit:  # this process's end of the pipe closed: it has gone
         pass
-    except BaseException:
+    except BaseException:  # said where the run's output goes; the run's watch names its end
+        traceback.print_exc()
         code = 1
     finally:
         os._exit(code)
