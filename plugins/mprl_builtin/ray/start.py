@@ -16,6 +16,7 @@ import shutil
 import signal
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -57,6 +58,34 @@ def session_dir() -> Path | None:
         node = ray._private.worker._global_node  # no public accessor
         return Path(node.get_session_dir_path())
     return None
+
+
+def sessions_of_this_process() -> set[Path]:
+    """The session directories of the Rays this process started (Ray names each after the
+    pid of the process that starts it) in Ray's temp dir."""
+    with contextlib.suppress(Exception):  # (where Ray keeps them: no public accessor)
+        from ray._common.utils import get_default_ray_temp_dir
+
+        return set(Path(get_default_ray_temp_dir()).glob(f"session_*_{os.getpid()}"))
+    return set()
+
+
+def end_processes_of(session: Path, wait_s: float = 10.0) -> None:
+    """Kill the processes whose command line names the session directory ``session`` (those of
+    a Ray this process started), and wait up to ``wait_s`` for them to be gone."""
+    needle, deadline = str(session).encode(), time.monotonic() + wait_s
+    while True:
+        found = []
+        for entry in os.listdir("/proc"):
+            with contextlib.suppress(OSError):
+                if entry.isdigit() and needle in Path(f"/proc/{entry}/cmdline").read_bytes():
+                    found.append(int(entry))
+        if not found or time.monotonic() > deadline:
+            return
+        for pid in found:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.05)
 
 
 def stop(session: Path | None) -> None:
@@ -117,15 +146,20 @@ class EarlyRay:
 
         import ray  # noqa: F401  (here: its atexit shutdown then runs after ours)
 
-        threading.Thread(target=self._start, args=(cpus,), name="mprl-ray-start",
-                         daemon=True).start()  # fmt: skip
+        self.thread = threading.Thread(target=self._start, args=(cpus,), name="mprl-ray-start",
+                                       daemon=True)  # fmt: skip
+        self.thread.start()
         mark("ray-starting")
 
     def _start(self, cpus: float) -> None:
+        before = sessions_of_this_process()
         try:
             self.out.append((start_here(cpus), None))
         except BaseException as exc:  # said by connect(), which starts Ray again
-            self.out.append((None, exc))
+            # a start that failed part-way (a raylet slow to register on a loaded machine) has
+            # made its session directory all the same: it goes when this start is stopped
+            made = sorted(sessions_of_this_process() - before)
+            self.out.append((made[-1] if made else None, exc))
         self.started.set()
         # Linux sends Ray's processes the parent-death signal when the thread that started
         # them ends, not the process: this thread lives until Ray is stopped
@@ -159,8 +193,19 @@ class EarlyRay:
                     flush=True,
                 )
             return
-        stop(self.out[0][0])
+        session, failed = self.out[0]
+        if failed is None:
+            stop(session)
+            self.released.set()
+            return
+        # a start that failed part-way: what it started ends with its thread (the parent-death
+        # signal), but not what that started in turn (Ray's agents outlive their raylet for
+        # seconds, and write their logs in the session meanwhile)
         self.released.set()
+        self.thread.join(START_WAIT_S)
+        if session is not None:
+            end_processes_of(session)
+            remove_session(session)
 
 
 def start(command: Command) -> EarlyRay | None:

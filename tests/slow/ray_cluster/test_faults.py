@@ -144,6 +144,51 @@ def test_a_run_that_needs_more_cpus_than_its_command_line_said_starts_its_ray_ag
     assert set(sessions.glob("session_2*")) == before  # both Rays' logs went
 
 
+#: ``python -m mprl ARGS`` whose first Ray start on this machine fails as Ray's own does when its
+#: raylet is slow to register (a loaded machine): once its processes have started
+FAILING_FIRST_START = """
+import runpy, sys
+import ray._private.node as node
+real, failed = node.Node.start_ray_processes, []
+
+def once(self):
+    real(self)
+    if not failed:
+        failed.append(True)
+        raise Exception("The current node timed out during startup (mprl-test)")
+
+node.Node.start_ray_processes = once
+sys.argv = ["mprl", *sys.argv[1:]]
+runpy.run_module("mprl", run_name="__main__", alter_sys=True)
+"""
+
+
+def test_a_ray_start_ahead_that_fails_leaves_no_process_or_logs_and_the_run_starts_ray_again(
+    tmp_path, monkeypatch
+):
+    """Ray's start ahead of the run fails after it has started processes (what Ray raises when
+    its raylet is slow to register): the run starts Ray again and finishes, and nothing of the
+    failed start stays (its session directory, the runtime-env agent its raylet started)."""
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    sessions = Path(os.environ["RAY_TMPDIR"]) / "ray"
+    before = set(sessions.glob("session_2*"))
+    timeline = tmp_path / "timeline.jsonl"
+    done = subprocess.run(
+        [sys.executable, "-c", FAILING_FIRST_START, "run", "--plugin", "impala", "--backend",
+         "ray", "--workers", "1", "--total-steps", "2000", "--run-dir", str(tmp_path / "run"),
+         "--quiet"],
+        capture_output=True, text=True, timeout=300,
+        env={**os.environ, "MPRL_TIMELINE": str(timeline)},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "mprl-test" not in done.stderr, done.stderr  # a start that was retried is not said
+    marks = [json.loads(line)["mark"] for line in timeline.read_text().splitlines()]
+    assert marks.count("ray-starting") == 1  # the start ahead, which failed
+    assert _ray_starts(timeline) == ["MainThread"]  # and the run's own
+    assert set(sessions.glob("session_2*")) == before  # neither one's logs stayed
+    # the processes of both: the leftover check finds any of them by the test's mark
+
+
 @pytest.mark.parametrize("refused", ["unknown plugin", "run directory in use"])
 def test_a_ray_started_ahead_for_a_command_refused_before_its_run_stops_as_it_exits(
     tmp_path, monkeypatch, refused
