@@ -144,8 +144,10 @@ class RayBackend(base.Backend):
         if session is None and self.embedded:  # a Ctrl-C came before connect() handed it over
             session = ray_start.session_dir()
         ray.shutdown()  # a runtime this run started stops; a cluster stays up
-        if session is not None and not self.failed:
-            ray_start.remove_session(session)
+        if session is not None:
+            ray_start.end_processes_of(session)
+            if not self.failed:
+                ray_start.remove_session(session)
 
 
 def _state_bytes(job: Job) -> int:

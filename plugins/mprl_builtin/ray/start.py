@@ -72,7 +72,9 @@ def sessions_of_this_process() -> set[Path]:
 
 def end_processes_of(session: Path, wait_s: float = 10.0) -> None:
     """Kill the processes whose command line names the session directory ``session`` (those of
-    a Ray this process started), and wait up to ``wait_s`` for them to be gone."""
+    a Ray this process started), and wait up to ``wait_s`` for them to be gone: what
+    ``ray.shutdown()`` does not reach (an agent its raylet started, still starting on a loaded
+    machine), which would write its logs in the session again once it is removed."""
     needle, deadline = str(session).encode(), time.monotonic() + wait_s
     while True:
         found = []
@@ -94,6 +96,7 @@ def stop(session: Path | None) -> None:
 
     ray.shutdown()
     if session is not None:
+        end_processes_of(session)
         remove_session(session)
 
 

@@ -226,12 +226,17 @@ def test_sac_resumed_on_ray_with_3_workers_then_locally_with_1_keeps_its_replay_
     assert last["env_steps"] >= 1500 and last["session"] == 2
 
 
-def test_the_classic_shape_works_across_nodes(cluster, tmp_path):
+def test_the_classic_shape_works_across_nodes_with_the_runs_flags_and_config_in_every_actor(
+    cluster, tmp_path
+):
     """Barrier, Queue, List, Value, Lock and PerWorker fields shared by actors on three nodes,
-    and workers acting with the train process's model (``ctx.model`` follows it)."""
+    and workers acting with the train process's model (``ctx.model`` follows it); the data of
+    the run from the command line (a backend flag, a config value) to each actor on its node,
+    and back in its records."""
     run_dir = tmp_path / "run"
     done = run_ray(cluster, "--plugin", "relay", "--workers", "2", *WORKER,
-                   "--total-steps", "6000", "--set", "wait_for_model=true",
+                   "--total-steps", "6000", "--relay-tag", "from-the-cli",
+                   "--set", "step_sleep=0.0005", "--set", "wait_for_model=true",
                    "--run-dir", str(run_dir))  # fmt: skip
     assert done.returncode == 0, done.stderr
     state = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["shared_state"]
@@ -239,8 +244,13 @@ def test_the_classic_shape_works_across_nodes(cluster, tmp_path):
     assert state["updates"] == len(state["losses"]) > 0  # changed together under the lock
     assert sum(state["losses"]) <= sum(state["steps"])  # episodes came through the queue
     assert all(saw > 0 for saw in state["saw"])  # both acted with an updated model
-    where = placed(read_metrics(run_dir))
+    records = read_metrics(run_dir)
+    where = placed(records)
     assert len({r["node_id"] for r in where.values()}) == 3
+    tagged = {r["source"]: r for r in records if "tag" in r}
+    assert set(tagged) == {"worker:0", "worker:1", "trainer"}
+    assert {r["tag"] for r in tagged.values()} == {"from-the-cli"}
+    assert tagged["worker:1"]["step_sleep"] == 0.0005
 
 
 @pytest.mark.parametrize("shared", [False, True], ids=["object-store", "shared-memory"])
@@ -269,24 +279,6 @@ def test_uint8_frames_cross_nodes_byte_for_byte(cluster, tmp_path, shared):
     where = placed(read_metrics(run_dir))
     nodes = {who: r["node_id"] for who, r in where.items()}
     assert len(set(nodes.values())) == 3, nodes  # learner, worker 0, worker 1: one node each
-
-
-def test_a_flag_and_a_config_value_reach_every_actor_and_come_back(cluster, tmp_path):
-    """The data of one run from the command line to each actor on its node, and back (the
-    workers count steps once the train process has updated the model: it has run, and logged)."""
-    run_dir = tmp_path / "run"
-    done = run_ray(cluster, "--plugin", "relay", "--workers", "2", *WORKER,
-                   "--total-steps", "300", "--relay-tag", "from-the-cli",
-                   "--set", "step_sleep=0.0015", "--set", "wait_for_model=true",
-                   "--run-dir", str(run_dir))  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    records = read_metrics(run_dir)
-    tagged = {r["source"]: r for r in records if "tag" in r}
-    assert set(tagged) == {"worker:0", "worker:1", "trainer"}
-    assert {r["tag"] for r in tagged.values()} == {"from-the-cli"}
-    assert tagged["worker:1"]["step_sleep"] == 0.0015
-    nodes = {r["node_id"] for r in records if r.get("event") == "placed" and r["rank"] >= 0}
-    assert len(nodes) == 2  # the workers ran on two nodes
 
 
 def test_what_cannot_run_on_ray_is_refused_before_anything_starts(cluster, tmp_path, capsys):
