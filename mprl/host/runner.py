@@ -190,21 +190,23 @@ def _run_prepared(
     pm: PluginManager,
 ) -> Summary:
     """The run of a prepared job: its run directory, the backend's execution, the summary."""
-    rundir, info = _open_rundir(plan, run_dir)
     signals = _Signals()
-    # the run directory stays locked until the run is over, however it ends; from here on a
-    # SIGINT / SIGTERM (to the whole process group, too) is a clean stop with a summary
-    with signals.installed(), contextlib.closing(rundir):
-        display = Progress(progress)
-        monitor = _monitor(plan, info, rundir, pm, display, signals)
-        try:
-            pm.hook.mprl_run_start(run=info)
-        except UsageError:  # a reporter cannot start (a missing package): nothing has run yet
-            if plan.resume is None:
-                rundir.discard()
-            raise
-        outcome = _execute(plan, backend, monitor, display, signals, notes)
-        return _finish(plan, info, rundir, outcome, monitor, pm, signals)
+    # from here on a SIGINT / SIGTERM (to the whole process group, too) is a clean stop with a
+    # summary: one that comes as the run directory is made finds it made, and the run stops
+    # before its first child starts; the directory stays locked until the run is over
+    with signals.installed():
+        rundir, info = _open_rundir(plan, run_dir)
+        with contextlib.closing(rundir):
+            display = Progress(progress)
+            monitor = _monitor(plan, info, rundir, pm, display, signals)
+            try:
+                pm.hook.mprl_run_start(run=info)
+            except UsageError:  # a reporter cannot start (a missing package): nothing ran yet
+                if plan.resume is None:
+                    rundir.discard()
+                raise
+            outcome = _execute(plan, backend, monitor, display, signals, notes)
+            return _finish(plan, info, rundir, outcome, monitor, pm, signals)
 
 
 def _open_rundir(plan: Prepared, run_dir: str | Path | None) -> tuple[RunDir, RunInfo]:

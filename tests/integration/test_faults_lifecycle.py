@@ -137,6 +137,44 @@ def test_sigterm_to_the_group_while_the_manager_starts_is_a_clean_stop(installed
     assert summary["status"] == "interrupted" and summary["signal"] == signal.SIGTERM
 
 
+#: ``python -m mprl ARGS`` that sends itself a Ctrl-C the moment its run directory has its
+#: ``config.json``, before anything of the run starts
+CTRL_C_ONCE_CONFIGURED = """
+import os, signal, sys
+from mprl.host import runner
+write = runner._write_config
+
+def then_ctrl_c(rundir, plan):
+    write(rundir, plan)
+    os.kill(os.getpid(), signal.SIGINT)
+
+runner._write_config = then_ctrl_c
+from mprl.tools.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+# a Ctrl-C just as the run directory is made (a test's signal once config.json is there came
+# before the run's handlers under load): a run directory always gets its summary
+def test_a_ctrl_c_as_the_run_directory_is_made_stops_the_run_there_with_a_summary(
+    installed, run_dir
+):
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CTRL_C_ONCE_CONFIGURED, "run", *probe(run_dir)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        end(proc)
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr, stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["signal"] == signal.SIGINT
+    assert summary["env_steps"] == 0  # it stopped before its first child started
+    assert not any(r.get("source", "").startswith("worker") for r in read_metrics(run_dir))
+
+
 # SIGTERM / SIGHUP to the group while the main process still imports, its children's
 # forkserver already started (python -m mprl run's first act)
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
